@@ -1,0 +1,37 @@
+# ssm_course: `make test`, `make docs`, `make lab`. Each creates .venv on first use.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of PyTorch by default; `make TORCH=torch` (or a CUDA wheel spec) for a GPU machine.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed-$(shell echo '$(TORCH)' | tr -c 'A-Za-z0-9.=\n' '_')
+export PYTHONHASHSEED := 0
+
+.PHONY: test docs lab bench clean install
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+test: $(STAMP)
+	@echo "== 1/3 notebooks clean (nbdev-clean) and package in sync (nbdev-export)"
+	@$(PY) tests/check_sync.py || { echo "make test FAILED at step 1/3: run nbdev-clean and nbdev-export, then commit"; exit 1; }
+	@echo "== 2/3 nbdev-test: run every notebook (slow and gpu cells skipped)"
+	@OMP_NUM_THREADS=1 MPLBACKEND=Agg $(VENV)/bin/nbdev-test --n-workers 2 --timing || { echo "make test FAILED at step 2/3: nbdev-test (a notebook raised, see above)"; exit 1; }
+	@echo "== 3/3 pytest tests/"
+	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests -n 2 --dist loadfile -q || { echo "make test FAILED at step 3/3: pytest"; exit 1; }
+
+docs: $(STAMP)
+	$(PY) docs/build.py --out _docs --readme README.md
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab nbs
+
+clean:
+	rm -rf _docs _proc build dist *.egg-info
