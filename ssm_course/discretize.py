@@ -7,13 +7,13 @@ Docs: https://ssm-course.github.io/ssm_course/discretize.html.md"""
 # %% auto #0
 __all__ = ['DENSE_METHODS', 'DIAG_METHODS', 'discretize', 'expm1', 'phi1', 'discretize_diag']
 
-# %% ../nbs/02_discretize.ipynb #6c367dfa
+# %% ../nbs/02_discretize.ipynb #aeff13d1
 import torch
 from torch import Tensor
 from .checks import check_tensor, check_square, check_last_dim, check_choice
 from .ssm import matrix_exp
 
-# %% ../nbs/02_discretize.ipynb #6a48711f
+# %% ../nbs/02_discretize.ipynb #ae26ed72
 DENSE_METHODS = {"zoh", "bilinear", "euler", "backward_euler", "gbt"}
 _ALPHA = {"euler": 0.0, "backward_euler": 1.0, "bilinear": 0.5}
 
@@ -39,7 +39,7 @@ def _check_alpha(method, alpha):
     if alpha is not None: raise ValueError(f"alpha is only used with method='gbt', got alpha={alpha} with method={method!r}")
     return _ALPHA.get(method)
 
-# %% ../nbs/02_discretize.ipynb #26cb8914
+# %% ../nbs/02_discretize.ipynb #5c857502
 def discretize(
     A:Tensor, # state matrix, (..., N, N)
     B:Tensor, # input matrix (..., N, M), or vector (..., N) when it has one dimension fewer than `A`
@@ -69,7 +69,7 @@ def discretize(
         dA, dB = sol[..., :N], sol[..., N:]
     return dA, (dB[..., 0] if vector else dB)
 
-# %% ../nbs/02_discretize.ipynb #7b854a88
+# %% ../nbs/02_discretize.ipynb #76708404
 def expm1(
     z:Tensor, # real or complex
 )->Tensor:
@@ -86,7 +86,7 @@ def phi1(
     zs = torch.where(small, torch.ones_like(z), z)  # keeps the unused branch (and its gradient) finite
     return torch.where(small, 1 + z / 2 + z * z / 6, expm1(zs) / zs)
 
-# %% ../nbs/02_discretize.ipynb #de99d351
+# %% ../nbs/02_discretize.ipynb #9689011a
 DIAG_METHODS = DENSE_METHODS | {"zoh_euler"}
 
 def discretize_diag(

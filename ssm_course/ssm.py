@@ -8,28 +8,28 @@ Docs: https://ssm-course.github.io/ssm_course/ssm.html.md"""
 __all__ = ['matrix_exp', 'state_transition', 'basis_functions', 'impulse_response', 'random_ssm', 'step_response',
            'spectral_abscissa', 'is_stable']
 
-# %% ../nbs/01_ssm.ipynb #081c6205
+# %% ../nbs/01_ssm.ipynb #cc9de1eb
 import math
 import torch
 from torch import Tensor
 from .checks import check_tensor, check_square, check_last_dim
 
-# %% ../nbs/01_ssm.ipynb #969f6b65
+# %% ../nbs/01_ssm.ipynb #21edf9de
 def matrix_exp(
     M:Tensor, # square matrices, (..., N, N)
 )->Tensor: # exp(M), (..., N, N)
-    "`torch.linalg.matrix_exp`, rescaled out of the 1-norm band (3.3e-4, 0.05] where torch's float64 result is only ~1e-12 accurate."
-    if M.dtype not in (torch.float64, torch.complex128) or M.numel() == 0: return torch.linalg.matrix_exp(M)
+    "`torch.linalg.matrix_exp`, except for float64 matrices with 1-norm in (3.3e-4, 0.05], where torch is only ~1e-12 accurate and a 10-term Taylor series is used."
+    E = torch.linalg.matrix_exp(M)
+    if M.dtype not in (torch.float64, torch.complex128) or M.numel() == 0: return E
     with torch.no_grad():
-        n = torch.linalg.matrix_norm(M, 1)
-        s = torch.where((n > 3.3e-4) & (n <= 5e-2), torch.ceil(torch.log2(n / 3.3e-4)), torch.zeros_like(n))  # (...)
-    smax = int(s.max())
-    if smax == 0: return torch.linalg.matrix_exp(M)
-    E = torch.linalg.matrix_exp(M * torch.exp2(-s)[..., None, None])
-    for i in range(smax): E = torch.where((s > i)[..., None, None], E @ E, E)
-    return E
+        band = (lambda n: (n > 3.3e-4) & (n <= 5e-2))(torch.linalg.matrix_norm(M, 1))  # (...)
+    if not bool(band.any()): return E
+    I = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
+    T = I
+    for k in range(10, 0, -1): T = I + (M @ T) / k  # Horner's rule for the Taylor polynomial of degree 10
+    return torch.where(band[..., None, None], T, E)
 
-# %% ../nbs/01_ssm.ipynb #6de4fe35
+# %% ../nbs/01_ssm.ipynb #4092dec4
 def state_transition(
     A:Tensor, # state matrix, (..., N, N)
     t:Tensor, # times, (T,)
@@ -39,7 +39,7 @@ def state_transition(
     t = check_tensor(t, "t", ndim=1).to(A.dtype)
     return matrix_exp(t[:, None, None] * A[..., None, :, :])  # (..., T, N, N)
 
-# %% ../nbs/01_ssm.ipynb #dfaa887d
+# %% ../nbs/01_ssm.ipynb #127d8898
 def basis_functions(
     A:Tensor, # state matrix, (..., N, N)
     B:Tensor, # input vector, (..., N)
@@ -51,7 +51,7 @@ def basis_functions(
     Phi = state_transition(A, t)  # (..., T, N, N)
     return (Phi @ B[..., None, :, None].to(Phi.dtype))[..., 0].transpose(-1, -2)  # (..., N, T)
 
-# %% ../nbs/01_ssm.ipynb #b6e059af
+# %% ../nbs/01_ssm.ipynb #48ce01fd
 def impulse_response(
     A:Tensor, # state matrix, (..., N, N)
     B:Tensor, # input vector, (..., N)
@@ -63,7 +63,7 @@ def impulse_response(
     check_last_dim(C, "C", N)
     return torch.einsum("...n,...nt->...t", C.to(A.dtype), basis_functions(A, B, t))
 
-# %% ../nbs/01_ssm.ipynb #d85566b5
+# %% ../nbs/01_ssm.ipynb #db3ef744
 def random_ssm(
     N:int, # state size
     stable:bool=True, # shift the spectrum so that max Re(eig(A)) = -`margin`
@@ -79,7 +79,7 @@ def random_ssm(
     if stable: A = A - (torch.linalg.eigvals(A).real.max() + margin) * torch.eye(N, dtype=A.dtype)
     return tuple(o.to(dtype) for o in (A, B, C, D))
 
-# %% ../nbs/01_ssm.ipynb #1a034805
+# %% ../nbs/01_ssm.ipynb #53cafaff
 def step_response(
     A:Tensor, # state matrix, (..., N, N)
     B:Tensor, # input vector, (..., N)
@@ -98,7 +98,7 @@ def step_response(
     D = torch.as_tensor(D, dtype=A.dtype, device=A.device)
     return torch.einsum("...n,...tn->...t", C.to(A.dtype), x) + D[..., None]
 
-# %% ../nbs/01_ssm.ipynb #40a74321
+# %% ../nbs/01_ssm.ipynb #2f12bb1b
 def spectral_abscissa(
     A:Tensor, # state matrix, (..., N, N)
 )->Tensor: # max Re(eig(A)), (...)
