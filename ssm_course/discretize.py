@@ -7,28 +7,26 @@ Docs: https://ssm-course.github.io/ssm_course/discretize.html.md"""
 # %% auto #0
 __all__ = ['DENSE_METHODS', 'DIAG_METHODS', 'discretize', 'expm1', 'phi1', 'discretize_diag']
 
-# %% ../nbs/02_discretize.ipynb #aeff13d1
+# %% ../nbs/02_discretize.ipynb #7418ef29
 import torch
 from torch import Tensor
 from .checks import check_tensor, check_square, check_last_dim, check_choice
 from .ssm import matrix_exp
 
-# %% ../nbs/02_discretize.ipynb #ae26ed72
+# %% ../nbs/02_discretize.ipynb #013422f5
 DENSE_METHODS = {"zoh", "bilinear", "euler", "backward_euler", "gbt"}
 _ALPHA = {"euler": 0.0, "backward_euler": 1.0, "bilinear": 0.5}
 
 def _check_dt(dt, like:Tensor, batch_shape, name="dt")->Tensor:
-    "`dt` as a real tensor of `like`'s precision and device, positive, broadcastable to `batch_shape`."
+    "`dt` as a real tensor of `like`'s precision and device, positive, broadcastable with `batch_shape`."
     real = like.real.dtype if like.is_complex() else like.dtype
     if isinstance(dt, complex) or (isinstance(dt, Tensor) and (dt.is_complex() or dt.dtype == torch.bool)):
         raise ValueError(f"{name} must be a real number or real tensor, got {dt!r}")
     if not isinstance(dt, Tensor): dt = torch.tensor(dt, dtype=real, device=like.device)  # a Python float keeps its 64 bits
     dt = dt.to(device=like.device, dtype=real)
     if not bool((dt > 0).all()): raise ValueError(f"{name} must be positive, got {dt.min().item() if dt.numel() else dt}")
-    batch_shape = tuple(batch_shape)
-    try: ok = torch.broadcast_shapes(dt.shape, batch_shape) == batch_shape
-    except RuntimeError: ok = False
-    if not ok: raise ValueError(f"{name} of shape {tuple(dt.shape)} must broadcast to the batch shape {batch_shape}")
+    try: torch.broadcast_shapes(dt.shape, tuple(batch_shape))
+    except RuntimeError: raise ValueError(f"{name} of shape {tuple(dt.shape)} does not broadcast with the batch shape {tuple(batch_shape)}") from None
     return dt
 
 def _check_alpha(method, alpha):
@@ -39,11 +37,11 @@ def _check_alpha(method, alpha):
     if alpha is not None: raise ValueError(f"alpha is only used with method='gbt', got alpha={alpha} with method={method!r}")
     return _ALPHA.get(method)
 
-# %% ../nbs/02_discretize.ipynb #5c857502
+# %% ../nbs/02_discretize.ipynb #84814252
 def discretize(
     A:Tensor, # state matrix, (..., N, N)
     B:Tensor, # input matrix (..., N, M), or vector (..., N) when it has one dimension fewer than `A`
-    dt:Tensor|float, # step size > 0, scalar or broadcastable to the batch dims `A.shape[:-2]`
+    dt:Tensor|float, # step size > 0, scalar or a tensor that broadcasts with the batch dims `A.shape[:-2]`
     method:str="zoh", # "zoh", "bilinear", "euler", "backward_euler" or "gbt"
     alpha:float|None=None, # weight of the new end of the step, only for "gbt": 0 euler, 1/2 bilinear, 1 backward Euler
 )->tuple[Tensor, Tensor]: # (dA (..., N, N), dB shaped like B)
@@ -55,8 +53,9 @@ def discretize(
     if vector: check_last_dim(B, "B", N)
     elif B.shape[-2] != N: raise ValueError(f"B must have shape (..., N, M) with N={N} (or (..., N)), got shape {tuple(B.shape)}")
     Bm = B[..., None] if vector else B  # (..., N, M)
-    batch = torch.broadcast_shapes(A.shape[:-2], Bm.shape[:-2])
-    dt = _check_dt(dt, A, batch)[..., None, None]  # (..., 1, 1)
+    dt = _check_dt(dt, A, torch.broadcast_shapes(A.shape[:-2], Bm.shape[:-2]))
+    batch = torch.broadcast_shapes(A.shape[:-2], Bm.shape[:-2], dt.shape)  # a tensor dt may add batch dims: one system, many steps
+    dt = dt[..., None, None]  # (..., 1, 1)
     A, Bm = A.expand(*batch, N, N), Bm.to(A.dtype).expand(*batch, *Bm.shape[-2:])
     M = Bm.shape[-1]
     if method == "zoh":
@@ -69,7 +68,7 @@ def discretize(
         dA, dB = sol[..., :N], sol[..., N:]
     return dA, (dB[..., 0] if vector else dB)
 
-# %% ../nbs/02_discretize.ipynb #76708404
+# %% ../nbs/02_discretize.ipynb #400ee91d
 def expm1(
     z:Tensor, # real or complex
 )->Tensor:
@@ -86,13 +85,13 @@ def phi1(
     zs = torch.where(small, torch.ones_like(z), z)  # keeps the unused branch (and its gradient) finite
     return torch.where(small, 1 + z / 2 + z * z / 6, expm1(zs) / zs)
 
-# %% ../nbs/02_discretize.ipynb #9689011a
+# %% ../nbs/02_discretize.ipynb #06a4fb4a
 DIAG_METHODS = DENSE_METHODS | {"zoh_euler"}
 
 def discretize_diag(
     Lambda:Tensor, # eigenvalues of the diagonal A, (..., N), real or complex
     B:Tensor, # input vector, (..., N), real or complex
-    dt:Tensor|float, # step > 0, scalar or broadcastable to `Lambda.shape[:-1]`
+    dt:Tensor|float, # step > 0, scalar or a tensor that broadcasts with `Lambda.shape[:-1]`
     method:str="zoh", # "zoh", "bilinear", "euler", "backward_euler", "gbt" or Mamba's "zoh_euler"
     alpha:float|None=None, # only for "gbt"
 )->tuple[Tensor, Tensor]: # (dA (..., N), dB (..., N))

@@ -37,6 +37,16 @@ def test_diag_matches_scipy_on_real_block(re, im, log_dt, method, alpha):
     np.testing.assert_allclose([dB.real.item(), dB.imag.item()], Bd[:, 0], rtol=1e-9, atol=1e-13 * dt)
 
 
+def test_dt_adds_batch_dims():
+    "One system and a vector of steps gives one discretization per step."
+    dts = torch.tensor([0.1, 0.2], dtype=torch.float64)
+    dA, dB = discretize(A, B, dts, "zoh")
+    assert dA.shape == (2, 3, 3) and dB.shape == (2, 3)
+    for i in range(2):
+        ref = discretize(A, B, dts[i].item(), "zoh")
+        torch.testing.assert_close(dA[i], ref[0]); torch.testing.assert_close(dB[i], ref[1])
+
+
 def test_dtype_device_and_batch():
     Lam = torch.complex(-torch.rand(3, 4), torch.randn(3, 4))
     dA, dB = discretize_diag(Lam, torch.ones(4, dtype=torch.complex64), torch.tensor([0.1, 0.2, 0.3]))
@@ -55,7 +65,7 @@ BAD = [
     (lambda: discretize(A, B, 0.0), ValueError, "dt"),
     (lambda: discretize(A, B, -1.0), ValueError, "dt"),
     (lambda: discretize(A, B, torch.tensor([0.1, -0.1])), ValueError, "dt"),
-    (lambda: discretize(A, B, torch.ones(4)), ValueError, "dt"),
+    (lambda: discretize(torch.stack([A, A, A]), B, torch.ones(4)), ValueError, "dt"),
     (lambda: discretize(A[:, :2], B, 0.1), ValueError, "A"),
     (lambda: discretize(A[0], B, 0.1), ValueError, "A"),
     (lambda: discretize(A, B[:2], 0.1), ValueError, "B"),
