@@ -35,3 +35,6 @@ lab: $(STAMP)
 
 clean:
 	rm -rf _docs _proc build dist *.egg-info
+
+bench: $(STAMP)
+	$(PY) bench/conv_cpu.py --json bench/results/cpu-conv-$$(date +%F).json
