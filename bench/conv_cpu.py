@@ -9,8 +9,10 @@
    interleaved, same data.
 Ratios > 1 mean ssm_course is faster.
 """
-import argparse, json, math, platform, resource, statistics, subprocess, sys, time
+import argparse, json, math, os, subprocess, sys
 import numpy as np, torch
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import interleaved, machine
 
 
 def naive_kernel(dA, dB, C, L):
@@ -27,16 +29,6 @@ def kernel_inputs(H=256, N=32, seed=0):
     dA, dB = discretize_diag(Lam.expand(H, N), B, dt[:, 0])
     C = torch.randn(H, N, dtype=torch.complex64, generator=g)
     return dA, dB, C
-
-
-def interleaved(fns, reps=7):
-    "Median seconds per function, calling them in turn so that drift hits all equally."
-    for f in fns.values(): f()
-    times = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, f in fns.items():
-            t0 = time.perf_counter(); f(); times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def peak_mb(which, L):
@@ -63,8 +55,7 @@ def main():
     from ssm_course.conv import ssm_kernel_diag, causal_conv
     import scipy, scipy.signal
 
-    res = {"machine": platform.processor() or platform.machine(), "cores": torch.get_num_threads(),
-           "torch": torch.__version__, "numpy": np.__version__, "scipy": scipy.__version__, "date": time.strftime("%Y-%m-%d")}
+    res = machine()
     H, N, L = 256, 32, 16384
     # Memory first: a child process inherits the parent's peak RSS (ru_maxrss), so measure before this process grows.
     mem = {k: peak_mb(k, L) for k in ("naive", "ours")}
