@@ -165,7 +165,18 @@ def build_site(out: Path, n_workers=1):
                 f"--metadata=pagetitle:{meta.get('title', nb.stem)}", f"--metadata=site-title:{cfg.title}",
                 f"--variable=sidebar:{sidebar_html(pages, name)}", f"--metadata=source:{cfg.nbs_path.name}/{nb.name}", *prev_next]
         pypandoc.convert_text(_yaml_header(meta) + body, "html5", format="markdown", extra_args=args, outputfile=str(out / name))
+    _unlink_missing_anchors(out)
     return out
+
+
+def _unlink_missing_anchors(out: Path):
+    "nbdev links every backticked name it knows, private helpers included; drop links whose anchor no page defines."
+    ids = {p.name: set(re.findall(r'\sid="([^"]+)"', p.read_text())) for p in out.glob("*.html")}
+    link = re.compile(r'<a href="([\w.-]+\.html)#([^"]+)"[^>]*>(.*?)</a>', re.S)
+    for p in out.glob("*.html"):
+        html_ = p.read_text()
+        fixed = link.sub(lambda m: m[0] if m[2] in ids.get(m[1], ()) else m[3], html_)
+        if fixed != html_: p.write_text(fixed)
 
 
 def build_readme(dest: Path):
