@@ -37,4 +37,6 @@ clean:
 	rm -rf _docs _proc build dist *.egg-info
 
 bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) bench/conv_cpu.py --json bench/results/cpu-conv-$$(date +%F).json
+	$(PY) bench/scan_cpu.py --json bench/results/cpu-scan-$$(date +%F).json
