@@ -172,7 +172,7 @@ def build_site(out: Path, n_workers=1):
 def _unlink_missing_anchors(out: Path):
     "nbdev links every backticked name it knows, private helpers included; drop links whose anchor no page defines."
     ids = {p.name: set(re.findall(r'\sid="([^"]+)"', p.read_text())) for p in out.glob("*.html")}
-    link = re.compile(r'<a href="([\w.-]+\.html)#([^"]+)"[^>]*>(.*?)</a>', re.S)
+    link = re.compile(r'<a\s+href="([\w.-]+\.html)#([^"]+)"[^>]*>(.*?)</a>', re.S)
     for p in out.glob("*.html"):
         html_ = p.read_text()
         fixed = link.sub(lambda m: m[0] if m[2] in ids.get(m[1], ()) else m[3], html_)

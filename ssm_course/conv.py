@@ -157,10 +157,10 @@ def ssm_kernel_dplr(
     Khat = torch.where(nyq, dt / 2 * (C * B).sum(-1, keepdim=True), 2 / (1 + omega_safe) * Khat)
     return torch.fft.ifft(Khat, n=L)
 
-# %% ../nbs/06_diagonal.ipynb #4c58a5df
+# %% ../nbs/06_diagonal.ipynb #831dd9c8
 from .checks import resolve_backend
 
-# %% ../nbs/06_diagonal.ipynb #2004fabc
+# %% ../nbs/06_diagonal.ipynb #fec5dab8
 def ssm_kernel_diag(
     dA:Tensor, # discrete eigenvalues, (..., N), real or complex
     dB:Tensor, # discrete input vector, (..., N)
@@ -173,8 +173,10 @@ def ssm_kernel_diag(
     N = check_tensor(dA, "dA", min_ndim=1).shape[-1]
     check_last_dim(dB, "dB", N); check_last_dim(C, "C", N)
     if not isinstance(L, int) or L < 1: raise ValueError(f"L must be a positive integer, got {L!r}")
-    resolve_backend(backend, dA, has_triton=False, name="ssm_kernel_diag")
     dtype = common_dtype(dA, dB, C)
+    if resolve_backend(backend, dA, has_triton=backend == "triton" or dtype in (torch.float32, torch.complex64), name="ssm_kernel_diag") == "triton":
+        from ssm_course.triton_ssm import ssm_kernel_diag_triton  # notebook 11
+        return ssm_kernel_diag_triton(dA, dB, C, L)
     ctype = torch.complex128 if dtype in (torch.float64, torch.complex128) else torch.complex64
     T = block or max(1, min(L, 2 ** round(math.log2(math.sqrt(L)))))
     nb = -(-L // T)
@@ -187,7 +189,7 @@ def ssm_kernel_diag(
     K = (outer @ inner).flatten(-2)[..., :L]  # (..., nb*T) -> (..., L)
     return K if dtype.is_complex else K.real.to(dtype)
 
-# %% ../nbs/06_diagonal.ipynb #835734ad
+# %% ../nbs/06_diagonal.ipynb #eb49aa5e
 def dss_kernel(
     Lambda:Tensor, # eigenvalues, (..., N), complex
     W:Tensor, # complex weights (C_n times B_n folded together), (..., N)

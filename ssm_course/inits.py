@@ -7,14 +7,14 @@ Docs: https://ssm-course.github.io/ssm_course/diagonal.html.md"""
 # %% auto #0
 __all__ = ['S4D_INITS', 's4d_init', 'dss_init', 'log_uniform_dt']
 
-# %% ../nbs/06_diagonal.ipynb #17dd7491
+# %% ../nbs/06_diagonal.ipynb #b663681e
 import math
 import torch
 from torch import Tensor
 from .checks import check_choice
 from .hippo import dplr
 
-# %% ../nbs/06_diagonal.ipynb #6bf83d83
+# %% ../nbs/06_diagonal.ipynb #e74843eb
 S4D_INITS = ("legs", "inv", "lin", "real")
 
 def s4d_init(

@@ -7,7 +7,7 @@ Docs: https://ssm-course.github.io/ssm_course/selective.html.md"""
 # %% auto #0
 __all__ = ['selective_scan_ref', 'selective_scan']
 
-# %% ../nbs/08_selective.ipynb #a83e7e1a
+# %% ../nbs/08_selective.ipynb #c0967a57
 import math
 import torch
 import torch.nn.functional as F
@@ -15,7 +15,7 @@ from torch import Tensor
 from .checks import check_tensor, resolve_backend
 from .scan import scan
 
-# %% ../nbs/08_selective.ipynb #04b59dbb
+# %% ../nbs/08_selective.ipynb #2062df00
 def _unpack_complex(X, A, l, name):
     "Mamba packs a complex variable B/C as a real tensor with last axis 2l of (re, im) pairs."
     if A.is_complex() and X.dim() >= 3 and not X.is_complex():
@@ -81,7 +81,7 @@ def selective_scan_ref(
     y = y.to(dtype_in)
     return (y, x) if return_last_state else y
 
-# %% ../nbs/08_selective.ipynb #ba1b1314
+# %% ../nbs/08_selective.ipynb #6fe85b35
 def _chunk(u, delta, A, B, C, x0):
     "One chunk of the selective scan: u, delta (b, d, T); B, C as given, sliced to T; x0 (b, d, n) or None. Returns (y, x_last)."
     bsz, d, T = u.shape
@@ -100,17 +100,24 @@ def _slice(X, s):
     "Time slice of a variable B/C (fixed ones are returned whole)."
     return X if X.dim() == 2 else X[..., s]
 
+def _forward_torch(u, delta, A, B, C, x0, T):
+    "The chunk loop without autograd: (y, last state, the states entering each chunk, T)."
+    l, xs, ys = u.shape[-1], [x0], []
+    with torch.no_grad():
+        for s in range(0, l, T):
+            y, x = _chunk(u[..., s:s + T], delta[..., s:s + T], A, _slice(B, slice(s, s + T)), _slice(C, slice(s, s + T)), xs[-1])
+            ys.append(y); xs.append(x)
+    return torch.cat(ys, -1), xs[-1], xs[:-1], T
+
 class _SelectiveScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, u, delta, A, B, C, x0, T):
-        l, xs, ys = u.shape[-1], [x0], []
-        with torch.no_grad():
-            for s in range(0, l, T):
-                y, x = _chunk(u[..., s:s + T], delta[..., s:s + T], A, _slice(B, slice(s, s + T)), _slice(C, slice(s, s + T)), xs[-1])
-                ys.append(y); xs.append(x)
+    def forward(ctx, u, delta, A, B, C, x0, T, use_triton):
+        if use_triton:
+            from ssm_course.triton_ssm import selective_forward_triton  # notebook 11: same outputs, computed by a kernel
+            y, last, starts, T = selective_forward_triton(u, delta, A, B, C, x0, T)
+        else: y, last, starts, T = _forward_torch(u, delta, A, B, C, x0, T)
         ctx.T, ctx.has_x0 = T, x0 is not None
-        ctx.save_for_backward(u, delta, A, B, C, *[x for x in xs[:-1] if x is not None])  # boundary states only
-        y, last = torch.cat(ys, -1), xs[-1]
+        ctx.save_for_backward(u, delta, A, B, C, *[x for x in starts if x is not None])  # boundary states only
         return y, last
 
     @staticmethod
@@ -134,7 +141,7 @@ class _SelectiveScan(torch.autograd.Function):
                 if k in ("u", "delta") or (k in ("B", "C") and grads[k].dim() > 2): grads[k][..., sl] += gk
                 else: grads[k] += gk
             g_state = got[5] if x0 is not None else None
-        return grads["u"], grads["delta"], grads["A"], grads["B"], grads["C"], g_state, None
+        return grads["u"], grads["delta"], grads["A"], grads["B"], grads["C"], g_state, None, None
 
 def selective_scan(
     u:Tensor, # input, (b, d, l)
@@ -153,8 +160,9 @@ def selective_scan(
 ): # y (b, d, l) in u's dtype, or (y, last_state)
     "Mamba's selective scan, chunked: chunk-boundary states stored, chunk internals recomputed in the backward."
     b, d, l, n, B, C = _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state)
-    resolve_backend(backend, u, has_triton=False, name="selective_scan")
     dtype_in, work = u.dtype, (torch.float64 if u.dtype == torch.float64 else torch.float32)
+    kernel_ok = work == torch.float32 and not (A.is_complex() or B.is_complex() or C.is_complex())
+    use_triton = resolve_backend(backend, u, has_triton=backend == "triton" or kernel_ok, name="selective_scan") == "triton"
     ctype = torch.complex128 if work == torch.float64 else torch.complex64
     delta = delta.to(work)
     if delta_bias is not None: delta = delta + delta_bias.to(work)[:, None]
@@ -163,7 +171,7 @@ def selective_scan(
     A = A.to(ctype if cplx else work)
     B, C = (X.to(ctype) if (cplx or X.is_complex()) else X.to(work) for X in (B, C))
     x0 = None if initial_state is None else initial_state.to(A.dtype if cplx or B.is_complex() else work)
-    y, last = _SelectiveScan.apply(u.to(work), delta, A, B, C, x0, chunk)
+    y, last = _SelectiveScan.apply(u.to(work), delta, A, B, C, x0, chunk, use_triton)
     if y.is_complex(): y = 2 * y.real
     if D is not None: y = y + u.to(work) * D.to(work)[:, None]
     if z is not None: y = y * F.silu(z.to(work))

@@ -7,7 +7,7 @@ Docs: https://ssm-course.github.io/ssm_course/ssd.html.md"""
 # %% auto #0
 __all__ = ['ssd_ref', 'segsum', 'ssd_quadratic', 'ssd']
 
-# %% ../nbs/09_ssd.ipynb #d3264403
+# %% ../nbs/09_ssd.ipynb #4b57b655
 import math
 import torch
 import torch.nn.functional as F
@@ -15,7 +15,7 @@ from torch import Tensor
 from .checks import check_tensor, resolve_backend
 from .scan import scan
 
-# %% ../nbs/09_ssd.ipynb #4acece34
+# %% ../nbs/09_ssd.ipynb #369eeaed
 def _check_ssd(x, dt, A, B, C, D, initial_states):
     "Validate Mamba-2 layouts; return (b, l, h, p, g, n)."
     x = check_tensor(x, "x", ndim=4)
@@ -62,7 +62,7 @@ def ssd_ref(
     if D is not None: y = y + D[:, None] * x
     return (y, H) if return_final_states else y
 
-# %% ../nbs/09_ssd.ipynb #c71ed6ad
+# %% ../nbs/09_ssd.ipynb #1bf9daca
 def segsum(
     a:Tensor, # (..., T)
 )->Tensor: # (..., T, T): sum_{s<r<=t} a_r below the diagonal, 0 on it, -inf above
@@ -73,7 +73,7 @@ def segsum(
     out = torch.cumsum(x, -2)  # out[t, s] = sum_{s<r<=t} a_r
     return out.masked_fill(~below.logical_or(torch.eye(T, dtype=torch.bool, device=a.device)), -math.inf)
 
-# %% ../nbs/09_ssd.ipynb #0a76e41b
+# %% ../nbs/09_ssd.ipynb #4a9dc4b0
 def ssd_quadratic(
     x:Tensor, # (b, l, h, p)
     dt:Tensor, # (b, l, h)
@@ -104,7 +104,7 @@ def ssd_quadratic(
     if initial_states is not None: final = final + torch.exp(cum[..., -1])[..., None, None] * initial_states.to(x.dtype)
     return y, final
 
-# %% ../nbs/09_ssd.ipynb #1dd51c12
+# %% ../nbs/09_ssd.ipynb #32f6b41b
 def ssd(
     x:Tensor, # (b, l, h, p)
     dt:Tensor, # (b, l, h), positive
@@ -119,8 +119,12 @@ def ssd(
 ): # y (b, l, h, p), or (y, final states (b, h, p, n))
     "Mamba-2's chunked SSD: quadratic within chunks, a scan of states across them; any length."
     b, l, h, p, g, n = _check_ssd(x, dt, A, B, C, D, initial_states)
-    resolve_backend(backend, x, has_triton=False, name="ssd")
     if not isinstance(chunk_size, int) or chunk_size < 1: raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if resolve_backend(backend, x, has_triton=backend == "triton" or x.dtype == torch.float32, name="ssd") == "triton":
+        from ssm_course.triton_ssm import ssd_triton  # notebook 11
+        y, final = ssd_triton(x, dt, A, B, C, chunk_size, initial_states)
+        if D is not None: y = y + D[:, None] * x
+        return (y, final) if return_final_states else y
     Q = chunk_size
     pad = -l % Q
     xs, dts, Bs, Cs = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, dt, _heads(B, h), _heads(C, h)))

@@ -120,7 +120,6 @@ BAD = [
     (lambda: ssm_kernel_diag(Ld[0], Bd1, Cd1, 8), ValueError, "dA"),
     (lambda: ssm_kernel_diag(Ld.numpy(), Bd1, Cd1, 8), TypeError, "dA"),
     (lambda: ssm_kernel_diag(Ld, Bd1, Cd1, 8, backend="jax"), ValueError, "backend"),
-    (lambda: ssm_kernel_diag(Ld, Bd1, Cd1, 8, backend="triton"), ValueError, "backend"),
     (lambda: ssm_kernel(torch.eye(3), torch.ones(4), torch.ones(3), 5), ValueError, "Bd"),
     (lambda: ssm_kernel(torch.ones(3), torch.ones(3), torch.ones(3), 5), ValueError, "Ad"),
     (lambda: ssm_kernel(torch.eye(3), torch.ones(3), torch.ones(3), 0), ValueError, "L"),

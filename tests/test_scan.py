@@ -85,7 +85,6 @@ BAD = [
     (lambda: scan(torch.ones(3), [1.0, 2.0, 3.0]), TypeError, "b"),
     (lambda: scan(torch.ones(()), torch.ones(3)), ValueError, "a"),
     (lambda: scan(torch.ones(3), torch.ones(3), backend="gpu"), ValueError, "backend"),
-    (lambda: scan(torch.ones(3), torch.ones(3), backend="triton"), ValueError, "backend"),
     (lambda: scan_sequential(torch.ones(2, 3), torch.ones(3, 3)), ValueError, "a"),
     (lambda: scan_parallel(torch.ones(2, 3), torch.ones(3, 3)), ValueError, "a"),
     (lambda: scan_chunked(torch.ones(2, 3), torch.ones(3, 3)), ValueError, "a"),
