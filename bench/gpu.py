@@ -1,0 +1,205 @@
+"""The GPU benchmark behind bench/gpu.sh. See that script for usage."""
+import argparse, json, math, os, subprocess, sys, time, traceback
+SMOKE = "--smoke" in sys.argv
+if SMOKE: os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+import torch.nn.functional as F
+
+DEV = "cpu" if SMOKE else "cuda"
+RESULTS = {"checks": {}, "timings": [], "errors": []}
+
+
+def timeit(f, reps=None):
+    "Median milliseconds: triton.testing.do_bench on a GPU; a plain timer in smoke mode."
+    if SMOKE:
+        f(); t0 = time.perf_counter(); f(); return (time.perf_counter() - t0) * 1e3
+    from triton.testing import do_bench
+    return do_bench(f, warmup=25, rep=100 if reps is None else reps, return_mode="median")
+
+
+def record(op, impl, shape, ms, nbytes=None, copy_gbps=None, note=""):
+    row = {"op": op, "impl": impl, "shape": shape, "ms": ms, "note": note}
+    if nbytes and ms:
+        row["GB/s"] = nbytes / ms / 1e6
+        if copy_gbps: row["% copy bw"] = 100 * row["GB/s"] / copy_gbps
+    RESULTS["timings"].append(row)
+    print(f"  {op:28s} {impl:34s} {ms:9.3f} ms" + (f"  {row.get('GB/s', 0):7.0f} GB/s" if nbytes else ""), flush=True)
+
+
+def guarded(name):
+    "Run a benchmark section; record (not raise) its failure so the others still run."
+    def deco(fn):
+        def run(*a, **k):
+            try: return fn(*a, **k)
+            except Exception as e:
+                RESULTS["errors"].append(f"{name}: {type(e).__name__}: {e}")
+                traceback.print_exc()
+        return run
+    return deco
+
+
+def rel(x, ref): return float((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp(min=1e-30))
+
+
+def check(name, err, tol):
+    RESULTS["checks"][name] = {"max_rel_err": err, "tol": tol, "ok": err <= tol}
+    print(f"check {name}: max rel err {err:.2e} (tol {tol:.0e}) {'OK' if err <= tol else 'FAIL'}", flush=True)
+
+
+def copy_bandwidth():
+    n = (1 << 20) if SMOKE else (1 << 28)  # 1 GiB of float32 on the GPU
+    x, y = torch.randn(n, device=DEV), torch.empty(n, device=DEV)
+    ms = timeit(lambda: y.copy_(x))
+    gbps = 2 * 4 * n / ms / 1e6
+    RESULTS["copy_GBps"] = gbps
+    print(f"device-to-device copy: {gbps:.0f} GB/s", flush=True)
+    return gbps
+
+
+@guarded("scan")
+def bench_scan(copy):
+    from ssm_course.scan import scan, scan_sequential
+    shapes = [(2, 3, 64)] if SMOKE else [(8, 1536, 4096), (8, 1536, 65536)]
+    for (B, D, L) in shapes:
+        g = torch.Generator(device=DEV).manual_seed(0)
+        a = 0.9 + 0.1 * torch.rand(B, D, L, device=DEV, generator=g)
+        b = torch.randn(B, D, L, device=DEV, generator=g)
+        if L <= 4096:  # correctness at full size against float64 (the float64 PyTorch chunked scan, itself checked against the loop)
+            ref = scan(a[:1].double(), b[:1].double(), backend="torch")
+            check(f"scan fwd {(B, D, L)}", rel(scan(a, b, backend="triton")[:1], ref), 1e-5)
+        nbytes = 12 * B * D * L
+        record("scan fwd", "ssm_course (triton)", [B, D, L], timeit(lambda: scan(a, b, backend="triton")), nbytes, copy)
+        peers = {}
+        try:
+            from accelerated_scan.scalar import scan as as_scan  # the Triton version
+            peers["accelerated-scan (triton)"] = lambda: as_scan(a, b)
+        except Exception as e: RESULTS["errors"].append(f"accelerated-scan: {e}")
+        try:
+            from fla.ops.hgrn import chunk_hgrn, fused_recurrent_hgrn
+            x_, g_ = b.transpose(1, 2).contiguous(), torch.log(a).transpose(1, 2).contiguous()  # (B, T, D), h = exp(g) h + x
+            peers["fla chunk_hgrn"] = lambda: chunk_hgrn(x_, g_)
+            peers["fla fused_recurrent_hgrn"] = lambda: fused_recurrent_hgrn(x_, g_)
+        except Exception as e: RESULTS["errors"].append(f"fla hgrn: {e}")
+        for name, f in peers.items():
+            try: record("scan fwd", name, [B, D, L], timeit(f), nbytes, copy)
+            except Exception as e: RESULTS["errors"].append(f"{name}: {e}")
+        if L <= 4096:  # forward + backward
+            ar, br = a.clone().requires_grad_(), b.clone().requires_grad_()
+            gy = torch.randn_like(b)
+            def fb(): torch.autograd.grad(scan(ar, br, backend="triton"), (ar, br), gy)
+            record("scan fwd+bwd", "ssm_course (triton)", [B, D, L], timeit(fb), 32 * B * D * L, copy)
+            if "accelerated-scan (triton)" in peers:
+                def fb_as(): torch.autograd.grad(as_scan(ar, br), (ar, br), gy)
+                try: record("scan fwd+bwd", "accelerated-scan (triton)", [B, D, L], timeit(fb_as), 32 * B * D * L, copy)
+                except Exception as e: RESULTS["errors"].append(f"accelerated-scan bwd: {e}")
+
+
+@guarded("ssm_kernel_diag")
+def bench_kernel_diag(copy):
+    from ssm_course.conv import ssm_kernel_diag
+    H, N, L = (4, 8, 64) if SMOKE else (1024, 64, 16384)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    dA = ((1 - 1e-3 * torch.rand(H, N, device=DEV, generator=g)) * torch.exp(1j * 6.28 * torch.rand(H, N, device=DEV, generator=g))).to(torch.complex64)
+    dB, C = (torch.randn(H, N, device=DEV, dtype=torch.complex64, generator=g) for _ in range(2))
+    ref = ssm_kernel_diag(dA[:8].cdouble(), dB[:8].cdouble(), C[:8].cdouble(), L, backend="torch")
+    check(f"ssm_kernel_diag {(H, N, L)}", rel(torch.view_as_real(ssm_kernel_diag(dA, dB, C, L, backend="triton")[:8]), torch.view_as_real(ref)), 1e-5)
+    naive = lambda: torch.einsum("hn,hnl->hl", C * dB, torch.exp(torch.log(dA)[..., None] * torch.arange(L, device=DEV)))
+    nbytes = 8 * H * L
+    record("ssm_kernel_diag", "ssm_course (triton)", [H, N, L], timeit(lambda: ssm_kernel_diag(dA, dB, C, L, backend="triton")), nbytes, copy, note="output bytes only; bound by sin/cos/exp")
+    record("ssm_kernel_diag", "ssm_course (torch, blocked)", [H, N, L], timeit(lambda: ssm_kernel_diag(dA, dB, C, L, backend="torch")), nbytes, copy)
+    record("ssm_kernel_diag", "naive einsum", [H, N, L], timeit(naive), nbytes, copy)
+
+
+@guarded("selective_scan")
+def bench_selective(copy):
+    from ssm_course.selective import selective_scan, selective_scan_ref
+    b, d, n, l = (1, 4, 4, 32) if SMOKE else (8, 1536, 16, 4096)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    u, delta = torch.randn(b, d, l, device=DEV, generator=g), torch.randn(b, d, l, device=DEV, generator=g) - 2
+    A = -torch.exp(0.5 * torch.randn(d, n, device=DEV, generator=g))
+    B, C = torch.randn(b, n, l, device=DEV, generator=g), torch.randn(b, n, l, device=DEV, generator=g)
+    ref = selective_scan(u[:1, :64].double(), delta[:1, :64].double(), A[:64].double(), B[:1].double(), C[:1].double(), delta_softplus=True, backend="torch")
+    check(f"selective_scan {(b, d, n, l)}", rel(selective_scan(u, delta, A, B, C, delta_softplus=True, backend="triton")[:1, :64], ref), 1e-4)
+    ins = [x.clone().requires_grad_() for x in (u, delta, A, B, C)]
+    gy = torch.randn_like(u)
+    def fb(backend): return lambda: torch.autograd.grad(selective_scan(*ins, delta_softplus=True, backend=backend), ins, gy)
+    nbytes = 4 * (3 * b * d * l + 2 * b * n * l)
+    record("selective_scan fwd", "ssm_course (triton)", [b, d, n, l], timeit(lambda: selective_scan(u, delta, A, B, C, delta_softplus=True, backend="triton")), nbytes, copy)
+    record("selective_scan fwd+bwd", "ssm_course (triton fwd)", [b, d, n, l], timeit(fb("triton")), None, copy)
+    try:
+        sys.path.insert(0, os.path.dirname(__file__))
+        from scan_cpu import selective_mambapy
+        def mb():
+            xs = [x.clone().requires_grad_() for x in (u, delta, A, B, C)]
+            y = selective_mambapy(xs[0], F.softplus(xs[1]), *xs[2:])
+            torch.autograd.grad(y, xs, gy)
+        record("selective_scan fwd+bwd", "mambapy pscan", [b, d, n, l], timeit(mb), None, copy)
+    except Exception as e: RESULTS["errors"].append(f"mambapy: {e}")
+    def loop():  # the reference loop, timed once (it is slow)
+        xs = [x.clone().requires_grad_() for x in (u, delta, A, B, C)]
+        torch.autograd.grad(selective_scan_ref(*xs, delta_softplus=True), xs, gy)
+    t0 = time.perf_counter(); loop(); torch.cuda.synchronize() if not SMOKE else None
+    record("selective_scan fwd+bwd", "PyTorch reference loop", [b, d, n, l], (time.perf_counter() - t0) * 1e3, None, copy, note="one run")
+
+
+@guarded("ssd")
+def bench_ssd(copy):
+    from ssm_course.ssd import ssd, ssd_ref
+    b, l, h, p, n = (1, 64, 2, 16, 16) if SMOKE else (2, 4096, 32, 64, 128)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    x = torch.randn(b, l, h, p, device=DEV, generator=g)
+    dt = F.softplus(torch.randn(b, l, h, device=DEV, generator=g) - 2)
+    A = -torch.exp(torch.randn(h, device=DEV, generator=g))
+    B, C = (torch.randn(b, l, 1, n, device=DEV, generator=g) / math.sqrt(n) for _ in range(2))
+    ref = ssd(x[:, :1024].double(), dt[:, :1024].double(), A.double(), B[:, :1024].double(), C[:, :1024].double(), backend="torch")
+    check(f"ssd {(b, l, h, p, n)}", rel(ssd(x[:, :1024], dt[:, :1024], A, B[:, :1024], C[:, :1024], backend="triton"), ref), 1e-4)
+    record("ssd fwd", "ssm_course (triton)", [b, l, h, p, n], timeit(lambda: ssd(x, dt, A, B, C, chunk_size=64, backend="triton")), None, copy)
+    record("ssd fwd", "ssm_course (torch chunked)", [b, l, h, p, n], timeit(lambda: ssd(x, dt, A, B, C, chunk_size=64, backend="torch")), None, copy)
+    try:
+        from fla.ops.simple_gla import chunk_simple_gla
+        # simple GLA: q = C, k = B, v = dt x, g = dt A (log decay per head and step)
+        q, k = C.expand(b, l, h, n).contiguous(), B.expand(b, l, h, n).contiguous()
+        v, gl = (x * dt[..., None]).contiguous(), (dt * A).contiguous()
+        record("ssd fwd", "fla chunk_simple_gla", [b, l, h, p, n], timeit(lambda: chunk_simple_gla(q, k, v, gl, scale=1.0)), None, copy)
+    except Exception as e: RESULTS["errors"].append(f"fla simple_gla: {e}")
+
+
+def versions():
+    info = {"torch": torch.__version__, "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d")}
+    try:
+        import triton; info["triton"] = triton.__version__
+    except ImportError: info["triton"] = None
+    if not SMOKE:
+        info["gpu"] = torch.cuda.get_device_name()
+        try: info["driver"] = subprocess.check_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], text=True).strip()
+        except Exception: info["driver"] = None
+    return info
+
+
+def table():
+    lines = ["| op | implementation | shape | median ms | GB/s | % of copy bw | note |", "|---|---|---|---|---|---|---|"]
+    for r in RESULTS["timings"]:
+        lines.append(f"| {r['op']} | {r['impl']} | {tuple(r['shape'])} | {r['ms']:.3f} | {r.get('GB/s', float('nan')):.0f} | {r.get('% copy bw', float('nan')):.0f} | {r['note']} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    t0 = time.time()
+    RESULTS["versions"] = versions()
+    print(RESULTS["versions"], flush=True)
+    copy = copy_bandwidth()
+    for section in (bench_scan, bench_kernel_diag, bench_selective, bench_ssd): section(copy)
+    RESULTS["seconds"] = time.time() - t0
+    md = f"Measured {RESULTS['versions'].get('date')} on {RESULTS['versions'].get('gpu', 'CPU (smoke test)')}, driver {RESULTS['versions'].get('driver')}, torch {RESULTS['versions']['torch']}, triton {RESULTS['versions']['triton']}; copy bandwidth {copy:.0f} GB/s.\n\n" + table()
+    with open(os.path.join(args.out, "gpu.json"), "w") as f: json.dump(RESULTS, f, indent=1)
+    with open(os.path.join(args.out, "gpu.md"), "w") as f: f.write(md + "\n")
+    if RESULTS["errors"]: print("errors:", *RESULTS["errors"], sep="\n  ")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
