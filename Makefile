@@ -38,5 +38,4 @@ clean:
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
-	$(PY) bench/conv_cpu.py --json bench/results/cpu-conv-$$(date +%F).json
-	$(PY) bench/scan_cpu.py --json bench/results/cpu-scan-$$(date +%F).json
+	$(PY) -m ssm_course.bench --out bench/results/cpu-full-$$(date +%F).json

@@ -127,11 +127,10 @@ def bench_selective(copy):
     record("selective_scan fwd", "ssm_course (triton)", [b, d, n, l], timeit(lambda: selective_scan(u, delta, A, B, C, delta_softplus=True, backend="triton")), nbytes, copy)
     record("selective_scan fwd+bwd", "ssm_course (triton fwd)", [b, d, n, l], timeit(fb("triton")), None, copy)
     try:
-        sys.path.insert(0, os.path.dirname(__file__))
-        from scan_cpu import selective_mambapy
+        from ssm_course.bench import mambapy_selective
         def mb():
             xs = [x.clone().requires_grad_() for x in (u, delta, A, B, C)]
-            y = selective_mambapy(xs[0], F.softplus(xs[1]), *xs[2:])
+            y = mambapy_selective(xs[0], F.softplus(xs[1]), *xs[2:])
             torch.autograd.grad(y, xs, gy)
         record("selective_scan fwd+bwd", "mambapy pscan", [b, d, n, l], timeit(mb), None, copy)
     except Exception as e: RESULTS["errors"].append(f"mambapy: {e}")
