@@ -11,6 +11,7 @@ __all__ = ['CASES', 'interleaved', 'copy_bandwidth', 'machine_info', 'case_scan'
 
 # %% ../nbs/14_benchmarks.ipynb #5d6f0637
 import argparse, json, math, os, platform, statistics, subprocess, sys, time
+from fastcore.imports import in_ipython
 from pathlib import Path
 import numpy as np
 import torch
@@ -190,4 +191,4 @@ def main(argv=None):
     if "ssm_kernel_diag_peak_MB" in res: print("\nssm_kernel_diag peak extra memory (MB):", {k: round(v) for k, v in res["ssm_kernel_diag_peak_MB"].items()})
     return res
 
-if __name__ == "__main__" and "ipykernel" not in sys.modules: main()
+if __name__ == "__main__" and not in_ipython(): main()  # a script, not a notebook

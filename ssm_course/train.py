@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
-from fastcore.imports import IN_NOTEBOOK
+from fastcore.imports import in_ipython
 from .layers import SequenceModel, ssm_param_groups
 from . import tasks
 
@@ -188,4 +188,4 @@ def main(argv=None):
     if distributed: torch.distributed.destroy_process_group()
     return trainer
 
-if __name__ == "__main__" and not IN_NOTEBOOK: main()  # a script under python -m / torchrun, not in a notebook
+if __name__ == "__main__" and not in_ipython(): main()  # a script under python -m / torchrun, not in a notebook
