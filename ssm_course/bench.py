@@ -9,7 +9,7 @@ __all__ = ['CASES', 'interleaved', 'copy_bandwidth', 'machine_info', 'case_scan'
            'case_selective', 'case_kernel_diag', 'case_causal_conv', 'case_ssd', 'case_layers',
            'kernel_diag_peak_memory', 'run', 'table', 'main']
 
-# %% ../nbs/14_benchmarks.ipynb #5d6f0637
+# %% ../nbs/14_benchmarks.ipynb #5e2fa4a8
 import argparse, json, math, os, platform, statistics, subprocess, sys, time
 from fastcore.imports import in_ipython
 from pathlib import Path
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from .train import Progress
 
-# %% ../nbs/14_benchmarks.ipynb #c7162114
+# %% ../nbs/14_benchmarks.ipynb #aed9cf04
 def interleaved(fns:dict, reps:int=5)->dict:
     "Median seconds of each callable, calling them in turn `reps` times after one warm-up call each."
     for f in fns.values(): f()
@@ -39,13 +39,14 @@ def machine_info()->dict:
     return {"machine": platform.machine(), "processor": platform.processor(), "threads": torch.get_num_threads(), "python": platform.python_version(),
             "torch": torch.__version__, "numpy": np.__version__, "scipy": scipy.__version__, "date": time.strftime("%Y-%m-%d")}
 
-# %% ../nbs/14_benchmarks.ipynb #42b29d75
+# %% ../nbs/14_benchmarks.ipynb #323098f9
 def _peer(import_fn):
     "A peer implementation, or None if its package is missing."
     try: return import_fn()
     except ImportError: return None
 
 def case_scan(quick):
+    "Time-varying `scan` against accelerated-scan's reference, mambapy's `pscan` and a time-major NumPy loop."
     from ssm_course.scan import scan
     B, D, L = (2, 8, 256) if quick else (4, 256, 8192)
     g = torch.Generator().manual_seed(0)
@@ -64,6 +65,7 @@ def case_scan(quick):
     return f"scan, time-varying {(B, D, L)} float32", impl, 12 * B * D * L
 
 def case_scan_lti(quick):
+    "`scan` with a constant decay per channel against `scipy.signal.lfilter`, channel by channel."
     from ssm_course.scan import scan
     import scipy.signal
     H, L = (8, 1024) if quick else (256, 65536)
@@ -82,6 +84,7 @@ def mambapy_selective(u, delta, A, B, C):
     return (pscan(dA, dBu) @ C.transpose(1, 2)[..., None])[..., 0].transpose(1, 2)
 
 def case_selective(quick):
+    "`selective_scan` forward (no D, no gate) against the same computation through mambapy's `pscan`."
     from ssm_course.selective import selective_scan
     b, d, n, l = (1, 16, 4, 128) if quick else (2, 256, 16, 2048)
     g = torch.Generator().manual_seed(2)
@@ -92,6 +95,7 @@ def case_selective(quick):
     return f"selective_scan forward {(b, d, n, l)}", impl, 4 * (3 * b * d * l + 2 * b * n * l)
 
 def case_kernel_diag(quick):
+    "`ssm_kernel_diag` against the naive einsum over the (H, N, L) tensor of powers."
     from ssm_course.conv import ssm_kernel_diag
     H, N, L = (16, 8, 1024) if quick else (256, 32, 16384)
     g = torch.Generator().manual_seed(3)
@@ -101,6 +105,7 @@ def case_kernel_diag(quick):
     return f"ssm_kernel_diag {(H, N, L)} complex64", {"ssm_course.ssm_kernel_diag": lambda: ssm_kernel_diag(dA, dB, C, L), "naive einsum": naive}, 8 * H * L
 
 def case_causal_conv(quick):
+    "`causal_conv` against `scipy.signal.fftconvolve` and `oaconvolve` (the causal part of the full convolution)."
     from ssm_course.conv import causal_conv
     import scipy.signal
     B, H, L = (2, 8, 1024) if quick else (4, 256, 16384)
@@ -112,6 +117,7 @@ def case_causal_conv(quick):
             "scipy.signal.oaconvolve": lambda: torch.from_numpy(scipy.signal.oaconvolve(un, Kn, axes=-1)[..., :L])}, 4 * (2 * B * H * L + H * L))
 
 def case_ssd(quick):
+    "Chunked `ssd` against its quadratic attention form."
     from ssm_course.ssd import ssd, ssd_quadratic
     b, l, h, p, n = (1, 128, 2, 16, 16) if quick else (1, 2048, 8, 64, 64)
     g = torch.Generator().manual_seed(5)
@@ -120,6 +126,7 @@ def case_ssd(quick):
     return f"ssd {(b, l, h, p, n)}", {"ssm_course.ssd (chunked)": lambda: ssd(x, dt, A, B, C), "ssd_quadratic (attention form)": lambda: ssd_quadratic(x, dt, A, B, C)}, None
 
 def case_layers(quick):
+    "Forward pass of every layer of notebook 12, and `torch.nn.LSTM` of the same width."
     from ssm_course.layers import LAYERS
     B, L, H = (2, 128, 16) if quick else (8, 1024, 128)
     g = torch.Generator().manual_seed(6)
@@ -149,7 +156,7 @@ def kernel_diag_peak_memory(quick:bool=False)->dict:
     run1 = lambda which: float(subprocess.run([sys.executable, "-c", _PEAK, "quick" if quick else "full", which], capture_output=True, text=True, check=True, env=env).stdout)
     return {"ssm_course.ssm_kernel_diag": run1("ssm_course.ssm_kernel_diag"), "naive einsum": run1("naive einsum")}
 
-# %% ../nbs/14_benchmarks.ipynb #03a97958
+# %% ../nbs/14_benchmarks.ipynb #d074fd1a
 @torch.no_grad()
 def run(quick:bool=False, reps:int|None=None, progress:bool=True)->dict:
     "Time every case; returns the results (machine, bandwidth, and per-case times and ratios)."
