@@ -183,6 +183,11 @@ def main(argv=None):
     model = SequenceModel(vocab, d_model=a.d_model, n_layers=a.n_layers, layer=a.layer, vocab_size=vocab, pool=None)
     trainer = Trainer(model, data, steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
     trainer.fit(progress=True)
+    if distributed:  # DDP's promise: every rank holds the same parameters; measure it
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        every = [torch.empty_like(flat) for _ in range(_dist()[1])]
+        torch.distributed.all_gather(every, flat)
+        trainer.history["rank_param_diff"] = max((f - flat).abs().max().item() for f in every)
     if a.save: trainer.save(a.save)
     if _dist()[0] == 0: print(f"final loss {trainer.history['loss'][-1]:.6f}")
     if distributed: torch.distributed.destroy_process_group()

@@ -76,6 +76,7 @@ def test_torchrun_two_processes_equal_one_process(tmp_path):
     one, two = (torch.load(tmp_path / f, weights_only=False) for f in ("one.pt", "two.pt"))
     assert max((one["model"][k] - two["model"][k]).abs().max().item() for k in one["model"]) < 1e-5
     assert max(abs(a - b) for a, b in zip(one["history"]["loss"], two["history"]["loss"])) < 1e-5
+    assert two["history"]["rank_param_diff"] == 0  # identical parameters on both ranks
 
 
 def test_bench_cli_quick(tmp_path):
