@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH)' | tr -c 'A-Za-z0-9.=\n' '_')
 export PYTHONHASHSEED := 0
 
-.PHONY: test docs lab bench clean install
+.PHONY: test docs lab bench clean install test-triton36
 
 install: $(STAMP)
 
@@ -39,3 +39,8 @@ clean:
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) -m ssm_course.bench --out bench/results/cpu-full-$$(date +%F).json
+
+# The Triton kernels' interpreter tests against Triton 3.6 (whose interpreter needs NumPy < 2.4), side by side with the installed one.
+test-triton36: $(STAMP)
+	$(PY) -m pip install -q --target .triton36 --no-deps "triton==3.6.0" "numpy<2.4"
+	PYTHONPATH=.triton36 OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests/test_triton.py -q -n 2
