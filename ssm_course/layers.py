@@ -12,10 +12,10 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
-from .checks import check_tensor
+from .checks import check_tensor, check_choice
 from .discretize import discretize, discretize_diag
 from .hippo import dplr
-from .inits import s4d_init, dss_init, log_uniform_dt
+from .inits import S4D_INITS, s4d_init, dss_init, log_uniform_dt
 from .conv import causal_conv, ssm_kernel_diag, ssm_kernel_dplr, krylov
 from .scan import scan
 from .selective import selective_scan
@@ -211,31 +211,41 @@ class LRU(nn.Module):
 # %% ../nbs/12_layers.ipynb #71f26d00
 class Mamba(nn.Module):
     "Mamba block: projections, causal depthwise conv, selective scan, gate."
-    ssm_params = ("A_log", "D")
-    def __init__(self, d_model:int, d_state:int=16, expand:int=2, d_conv:int=4, dt_rank:int|None=None, dt_min:float=1e-3, dt_max:float=1e-1):
+    ssm_params = ("A_log", "A_imag", "D")
+    def __init__(self, d_model:int, d_state:int=16, expand:int=2, d_conv:int=4, dt_rank:int|None=None, dt_min:float=1e-3, dt_max:float=1e-1,
+                 init:str="real"): # A's initialization: "real" (S4D-Real, Mamba's), or complex "lin", "inv", "legs" (notebook 06)
         super().__init__()
-        H, d = d_model, expand * d_model
+        check_choice(init, "init", set(S4D_INITS))
+        H, d, self.complex = d_model, expand * d_model, init != "real"
         self.d_model, self.d_inner, self.d_state, self.d_conv = H, d, d_state, d_conv
         self.dt_rank = dt_rank or math.ceil(H / 16)
         self.in_proj = nn.Linear(H, 2 * d, bias=False)
         self.conv = nn.Conv1d(d, d, d_conv, groups=d)
-        self.x_proj = nn.Linear(d, self.dt_rank + 2 * d_state, bias=False)
+        self.x_proj = nn.Linear(d, self.dt_rank + (4 if self.complex else 2) * d_state, bias=False)  # complex B, C: real and imaginary parts
         self.dt_proj = nn.Linear(self.dt_rank, d)
         dt = log_uniform_dt((d,), dt_min, dt_max)
         with torch.no_grad(): self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
         self.dt_proj.bias._ssm = True
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1, dtype=torch.float32)).repeat(d, 1))
+        Lambda = s4d_init(init, d_state if init == "real" else 2 * d_state, torch.complex128)[0]  # d_state real, or d_state complex states
+        self.A_log = nn.Parameter(torch.log(-Lambda.real).float().repeat(d, 1))
+        if self.complex: self.A_imag = nn.Parameter(Lambda.imag.float().repeat(d, 1))
         self.D = nn.Parameter(torch.ones(d))
         self.out_proj = nn.Linear(d, H, bias=False)
+
+    def A(self)->Tensor:
+        "The continuous state matrix's diagonal, (d_inner, d_state), real or complex."
+        return torch.complex(-torch.exp(self.A_log), self.A_imag) if self.complex else -torch.exp(self.A_log)
 
     def initial_state(self, batch:int):
         p = self.A_log
         return (torch.zeros(batch, self.d_inner, self.d_conv - 1, dtype=p.dtype, device=p.device),
-                torch.zeros(batch, self.d_inner, self.d_state, dtype=p.dtype, device=p.device))
+                torch.zeros(batch, self.d_inner, self.d_state, dtype=self.A().dtype, device=p.device))
 
     def _ssm_inputs(self, xc):
         "Delta (without bias), B and C from the convolved branch xc (b, L, d)."
-        dt, B, C = self.x_proj(xc).split([self.dt_rank, self.d_state, self.d_state], -1)
+        n = self.d_state
+        dt, B, C = self.x_proj(xc).split([self.dt_rank, 2 * n if self.complex else n, 2 * n if self.complex else n], -1)
+        if self.complex: B, C = torch.complex(B[..., :n], B[..., n:]), torch.complex(C[..., :n], C[..., n:])
         return dt @ self.dt_proj.weight.T, B, C
 
     def forward(self, x:Tensor, state=None, return_state:bool=False):
@@ -246,7 +256,7 @@ class Mamba(nn.Module):
         xp = torch.cat([conv_state, xi], -1)  # causal: the previous inputs (or zeros) first
         xc = F.silu(self.conv(xp))  # (b, d, L)
         delta, B, C = self._ssm_inputs(xc.transpose(1, 2))
-        y, last = selective_scan(xc, delta.transpose(1, 2), -torch.exp(self.A_log), B.transpose(1, 2), C.transpose(1, 2), self.D, z.transpose(1, 2),
+        y, last = selective_scan(xc, delta.transpose(1, 2), self.A(), B.transpose(1, 2), C.transpose(1, 2), self.D, z.transpose(1, 2),
                                  self.dt_proj.bias, True, return_last_state=True, initial_state=ssm_state)
         out = self.out_proj(y.transpose(1, 2))
         return (out, (xp[..., -(self.d_conv - 1):], last)) if return_state else out
@@ -258,8 +268,9 @@ class Mamba(nn.Module):
         xc = F.silu((window * self.conv.weight[:, 0]).sum(-1) + self.conv.bias)
         delta, B, C = self._ssm_inputs(xc)
         delta = F.softplus(delta + self.dt_proj.bias)
-        ssm_state = torch.exp(delta[..., None] * -torch.exp(self.A_log)) * ssm_state + (delta * xc)[..., None] * B[:, None, :]
-        y = ((ssm_state * C[:, None, :]).sum(-1) + self.D * xc) * F.silu(z)
+        ssm_state = torch.exp(delta[..., None] * self.A()) * ssm_state + (delta * xc)[..., None] * B[:, None, :]
+        y = (ssm_state * C[:, None, :]).sum(-1)
+        y = ((2 * y.real if self.complex else y) + self.D * xc) * F.silu(z)
         return self.out_proj(y), (window[..., 1:], ssm_state)
 
 # %% ../nbs/12_layers.ipynb #a7bf0e60

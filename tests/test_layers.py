@@ -4,23 +4,27 @@ import torch.multiprocessing as mp
 from ssm_course.layers import LAYERS, SequenceModel, ssm_param_groups, S4D, LRU
 
 SMALL = {"s4d": dict(d_state=8), "s4": dict(d_state=8), "dss": dict(d_state=8), "lru": dict(d_state=10), "mamba": dict(d_state=4)}
+# every layer, plus Mamba with complex states (init="lin")
+CONFIGS = {**{name: (name, kw) for name, kw in SMALL.items()}, "mamba-lin": ("mamba", dict(d_state=4, init="lin"))}
 
 
 def flat(s): return torch.cat([t.reshape(-1) for t in s]) if isinstance(s, tuple) else s.reshape(-1)
 
 
-@pytest.mark.parametrize("name", sorted(LAYERS))
-def test_shape_and_dtype(name):
-    layer = LAYERS[name](6, **SMALL[name])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_shape_and_dtype(config):
+    name, kw = CONFIGS[config]
+    layer = LAYERS[name](6, **kw)
     y = layer(torch.randn(3, 17, 6))
     assert y.shape == (3, 17, 6) and y.dtype == torch.float32
 
 
-@pytest.mark.parametrize("name", sorted(LAYERS))
+@pytest.mark.parametrize("config", sorted(CONFIGS))
 @pytest.mark.parametrize("L,split", [(1, 0), (9, 4), (31, 30)])
-def test_step_equals_forward_and_chunking(name, L, split):
+def test_step_equals_forward_and_chunking(config, L, split):
     torch.manual_seed(0)
-    layer = LAYERS[name](5, **SMALL[name]).double()
+    name, kw = CONFIGS[config]
+    layer = LAYERS[name](5, **kw).double()
     x = torch.randn(2, L, 5, dtype=torch.float64)
     y, last = layer(x, return_state=True)
     state, ys = layer.initial_state(2), []
@@ -35,10 +39,11 @@ def test_step_equals_forward_and_chunking(name, L, split):
         torch.testing.assert_close(torch.cat([y1, y2], 1), y, rtol=1e-8, atol=1e-9)
 
 
-@pytest.mark.parametrize("name", sorted(LAYERS))
-def test_every_parameter_gets_a_finite_gradient(name):
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_every_parameter_gets_a_finite_gradient(config):
     torch.manual_seed(1)
-    model = SequenceModel(4, d_model=8, n_layers=2, layer=name, d_input=3, **SMALL[name])
+    name, kw = CONFIGS[config]
+    model = SequenceModel(4, d_model=8, n_layers=2, layer=name, d_input=3, **kw)
     model(torch.randn(2, 20, 3)).square().mean().backward()
     for pname, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, pname
@@ -66,6 +71,7 @@ BAD = [
     (lambda: S4D(4)(torch.randn(2, 5)), "x"),
     (lambda: S4D(4)(torch.randn(2, 5, 3)), "d_model"),
     (lambda: LRU(4)(torch.randn(2, 0, 4)), "empty"),
+    (lambda: LAYERS["mamba"](4, init="complex"), "init"),
     (lambda: SequenceModel(3, layer="rnn", d_input=2), "layer"),
     (lambda: SequenceModel(3), "vocab_size"),
     (lambda: SequenceModel(3, d_input=2, pool="max"), "pool"),
