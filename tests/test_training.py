@@ -70,9 +70,11 @@ def test_torchrun_two_processes_equal_one_process(tmp_path):
     "Two CPU processes (gloo DDP) on halves of each global batch end where one process ends on the whole batches."
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     common = ["-m", "ssm_course.train", "--steps", "4", "--batch-size", "8", "--layer", "s4d"]
-    subprocess.run([sys.executable, *common, "--save", str(tmp_path / "one.pt")], check=True, capture_output=True, env=env, timeout=300)
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    subprocess.run([torchrun, "--nproc_per_node=2", "--standalone", *common, "--save", str(tmp_path / "two.pt")], check=True, capture_output=True, env=env, timeout=300)
+    def launch(*cmd):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, f"{' '.join(cmd)} exited with {r.returncode}:\n{r.stderr[-4000:]}"
+    launch(sys.executable, *common, "--save", str(tmp_path / "one.pt"))
+    launch(str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2", "--standalone", *common, "--save", str(tmp_path / "two.pt"))
     one, two = (torch.load(tmp_path / f, weights_only=False) for f in ("one.pt", "two.pt"))
     assert max((one["model"][k] - two["model"][k]).abs().max().item() for k in one["model"]) < 1e-5
     assert max(abs(a - b) for a, b in zip(one["history"]["loss"], two["history"]["loss"])) < 1e-5
