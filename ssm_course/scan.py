@@ -127,6 +127,19 @@ def _sum_to(g, x):
     g = g.sum_to_size(x.shape)
     return g if x.is_complex() else g.real
 
+def _scan_grads(ctx, gh, reverse_scan):
+    "(da, db, dh0) of h = scan(a, b, h0) from dL/dh by one reverse scan; `reverse_scan(a, b)` is the backend's (also used by notebook 10)."
+    a, b, h0, h = ctx.saved_tensors
+    dtype = h.dtype
+    a_next = a.to(dtype)[..., 1:] if a.shape[-1] > 1 else a.to(dtype)  # a_{t+1}; the value at t = L-1 is never used
+    if a.shape[-1] > 1: a_next = torch.nn.functional.pad(a_next, (0, 1))
+    g = reverse_scan(a_next.conj(), gh.to(dtype))  # total gradients dL/dh_t
+    h_prev = torch.cat([(torch.zeros_like(h[..., :1]) if h0 is None else h0.to(dtype).expand(h.shape[:-1])[..., None]), h[..., :-1]], -1)
+    da = _sum_to(g * h_prev.conj(), a) if ctx.needs_input_grad[0] else None
+    db = _sum_to(g, b) if ctx.needs_input_grad[1] else None
+    dh0 = _sum_to(a.to(dtype)[..., 0].conj() * g[..., 0], h0) if h0 is not None and ctx.needs_input_grad[2] else None
+    return da, db, dh0
+
 class _Scan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, h0):
@@ -135,17 +148,7 @@ class _Scan(torch.autograd.Function):
         return h
 
     @staticmethod
-    def backward(ctx, gh):
-        a, b, h0, h = ctx.saved_tensors
-        dtype = h.dtype
-        a_next = a.to(dtype)[..., 1:] if a.shape[-1] > 1 else a.to(dtype)  # a_{t+1}; the value at t = L-1 is never used
-        if a.shape[-1] > 1: a_next = torch.nn.functional.pad(a_next, (0, 1))
-        g = _reverse_scan(a_next.conj(), gh.to(dtype))  # total gradients dL/dh_t
-        h_prev = torch.cat([(torch.zeros_like(h[..., :1]) if h0 is None else h0.to(dtype).expand(h.shape[:-1])[..., None]), h[..., :-1]], -1)
-        da = _sum_to(g * h_prev.conj(), a) if ctx.needs_input_grad[0] else None
-        db = _sum_to(g, b) if ctx.needs_input_grad[1] else None
-        dh0 = _sum_to(a.to(dtype)[..., 0].conj() * g[..., 0], h0) if h0 is not None and ctx.needs_input_grad[2] else None
-        return da, db, dh0
+    def backward(ctx, gh): return _scan_grads(ctx, gh, _reverse_scan)
 
 def scan(
     a:Tensor, # decays, (..., L); (..., 1) for a time-invariant decay

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 import triton
 import triton.language as tl
-from .scan import _check_scan, _sum_to
+from .scan import _check_scan, _scan_grads
 from .checks import common_dtype
 
 # %% ../nbs/10_triton_scan.ipynb #c0436ae7
@@ -102,16 +102,8 @@ class _ScanTriton(torch.autograd.Function):
         return h
 
     @staticmethod
-    def backward(ctx, gh):
-        a, b, h0, h = ctx.saved_tensors
-        a_full = a.to(h.dtype).expand(h.shape)
-        a_next = torch.nn.functional.pad(a_full[..., 1:], (0, 1))  # a_{t+1}; the last value is never used
-        g = _launch_scan(a_next.conj(), gh.to(h.dtype), None, reverse=True)
-        h_prev = torch.cat([(torch.zeros_like(h[..., :1]) if h0 is None else h0.to(h.dtype).expand(h.shape[:-1])[..., None]), h[..., :-1]], -1)
-        da = _sum_to(g * h_prev.conj(), a) if ctx.needs_input_grad[0] else None
-        db = _sum_to(g, b) if ctx.needs_input_grad[1] else None
-        dh0 = _sum_to(a_full[..., 0].conj() * g[..., 0], h0) if h0 is not None and ctx.needs_input_grad[2] else None
-        return da, db, dh0
+    def backward(ctx, gh):  # notebook 07's gradient formulas, with this kernel as the reverse scan
+        return _scan_grads(ctx, gh, lambda a, g: _launch_scan(a, g, None, reverse=True))
 
 def scan_triton(
     a:Tensor, # decays, (..., L), float32/16, bfloat16 or complex64
