@@ -6,7 +6,7 @@ Docs: https://ssm-course.github.io/ssm_course/conventions.html.md"""
 
 # %% auto #0
 __all__ = ['BACKENDS', 'check_tensor', 'check_square', 'check_last_dim', 'check_choice', 'common_dtype', 'triton_available',
-           'resolve_backend']
+           'resolve_backend', 'check_size', 'values_hidden', 'check_positive', 'float_dtype']
 
 # %% ../nbs/00_conventions.ipynb #d6fb1f77
 import torch
@@ -91,3 +91,45 @@ def resolve_backend(
     if not triton_available(): raise ValueError("backend='triton' needs Triton: pip install 'ssm_course[gpu]'")
     if not x.is_cuda and not interp: raise ValueError(f"backend='triton' needs CUDA tensors (got device {x.device}), or TRITON_INTERPRET=1 to run the kernel in Triton's interpreter on CPU")
     return "triton"
+
+# %% ../nbs/00_conventions.ipynb #a1c0de02
+import numbers
+
+def check_size(
+    value, # the value given
+    name:str, # the argument's name
+    min:int=1, # the smallest allowed value
+)->int:
+    "Check that `value` is an integer (Python or NumPy, not `bool`) of at least `min`; return it as `int`."
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r} of type {type(value).__name__}")
+    if value < min: raise ValueError(f"{name} must be at least {min}, got {value}")
+    return int(value)
+
+def values_hidden(
+    x:Tensor|None=None, # a tensor whose values would be read
+)->bool:
+    "Whether tensor values cannot be read here: inside `torch.compile`/tracing, or `x` is a meta tensor."
+    if torch.compiler.is_compiling() or torch.jit.is_tracing(): return True
+    return isinstance(x, Tensor) and x.device.type == "meta"
+
+def check_positive(
+    x, # a real number or real tensor
+    name:str, # the argument's name
+):
+    "Check that `x` is real and every entry is > 0 (NaN fails); return it. Skipped where values are hidden."
+    if isinstance(x, bool) or isinstance(x, complex) or (isinstance(x, Tensor) and (x.is_complex() or x.dtype == torch.bool)):
+        raise TypeError(f"{name} must be a real number or real tensor, got {x!r}")
+    if isinstance(x, Tensor):
+        if not values_hidden(x) and x.numel() and not bool((x > 0).all()):
+            raise ValueError(f"{name} must be positive, got min {x.min().item()}")
+    elif not isinstance(x, numbers.Real): raise TypeError(f"{name} must be a real number or real tensor, got {type(x).__name__}")
+    elif not x > 0: raise ValueError(f"{name} must be positive, got {x}")
+    return x
+
+def float_dtype(
+    *xs:Tensor, # tensors to be combined
+)->torch.dtype:
+    "`common_dtype` of `xs`, with integer and bool tensors promoted to the default float dtype, so integer inputs never truncate."
+    dtype = common_dtype(*xs)
+    return dtype if dtype.is_floating_point or dtype.is_complex else torch.promote_types(dtype, torch.get_default_dtype())
