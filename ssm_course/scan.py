@@ -104,7 +104,7 @@ def scan_chunked(
     def tiled(x, fill):  # (..., L) -> (G, T, W): in each tile of W chunks, row t holds position t of every chunk
         x = x.to(dtype).expand(shape).reshape(R, L)
         if nc * T > L: x = torch.nn.functional.pad(x, (0, nc * T - L), value=fill)
-        return x.reshape(G, W, T).transpose(1, 2).contiguous()
+        return x.reshape(G, W, T).transpose(1, 2).clone(memory_format=torch.contiguous_format)  # always a copy: the local scans below write into it
     At, Ht = tiled(a, 1.0), tiled(b, 0.0)
     for t in range(1, T):  # 1. local scans and running products, all chunks at once
         Ht[:, t].addcmul_(At[:, t], Ht[:, t - 1])

@@ -95,3 +95,60 @@ BAD = [
 def test_bad_input(call, exc, word):
     with pytest.raises(exc, match=rf"\b{word}\b"):
         call()
+
+
+# ---- issue 13 item 1: inputs are never modified ------------------------------------------------------------
+def _snapshot(*xs): return [None if x is None else x.clone() for x in xs]
+
+def _unchanged(xs, saved):
+    for x, s in zip(xs, saved):
+        if x is not None: assert torch.equal(x, s) and x.dtype == s.dtype, "an input was modified"
+
+
+@settings(max_examples=80, deadline=None)
+@given(batch=st.lists(st.integers(1, 5), min_size=0, max_size=3), L=st.integers(1, 70), chunk=st.integers(1, 72),
+       lti=st.booleans(), with_h0=st.booleans(), complex_=st.booleans(), layout=st.sampled_from(["contiguous", "transposed", "expanded"]),
+       seed=st.integers(0, 10_000))
+def test_inputs_unchanged(batch, L, chunk, lti, with_h0, complex_, layout, seed):
+    "Every scan leaves every input bit-identical, forward and backward, whatever the shape, strides and chunk size."
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.complex64 if complex_ else torch.float32
+    def make(*shape):
+        if layout == "transposed" and len(shape) >= 2: return torch.randn(*shape[:-2], shape[-1], shape[-2], generator=g, dtype=dt).mT
+        if layout == "expanded" and len(shape) >= 2: return torch.randn(*shape[:-2], 1, shape[-1], generator=g, dtype=dt).expand(shape)
+        return torch.randn(tuple(shape), generator=g, dtype=dt)
+    a = make(*batch, 1 if lti else L) * 0.5
+    b = make(*batch, L)
+    h0 = make(*batch) if with_h0 else None
+    saved = _snapshot(a, b, h0)
+    for f in (scan_sequential, scan_parallel, lambda *x: scan_chunked(*x, chunk=chunk), lambda *x: scan_chunked(*x, chunk=None), scan,
+              lambda *x: scan(*x, return_last=True)[0]):
+        f(a, b, h0)
+        _unchanged((a, b, h0), saved)
+    # backward: gradients with respect to non-leaf views of the inputs
+    leaves = [None if x is None else x.detach().clone().requires_grad_() for x in (a, b, h0)]
+    views = [None if x is None else x * 1 for x in leaves]
+    vsaved = _snapshot(*views)
+    scan(*views).abs().sum().backward()
+    _unchanged(views, vsaved)
+
+
+def test_aliased_inputs():
+    "a and b may be the same tensor (issue 13: scan(x, x) returned 0.19 where the loop gives 0.9998)."
+    for shape in [(1, 12), (3, 6), (1, 64), (5, 7)]:
+        x = torch.rand(*shape, generator=torch.Generator().manual_seed(0))
+        x0 = x.clone()
+        torch.testing.assert_close(scan(x, x), scan_sequential(x0, x0))
+        torch.testing.assert_close(scan_chunked(x, x, x[..., 0], chunk=3), scan_sequential(x0, x0, x0[..., 0]))
+        assert torch.equal(x, x0)
+        first, second = scan(x, x), scan(x, x)  # repeated calls agree
+        assert torch.equal(first, second)
+
+
+def test_nonleaf_gradients():
+    "Gradients of non-leaf inputs through scan equal those through the loop (issue 13: 1.14 vs 2.00)."
+    for shape in [(1, 12), (3, 6), (2, 5, 9)]:
+        w = torch.rand(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        got = torch.autograd.grad(scan(w * 0.9, w * 1.0).sum(), w)[0]
+        ref = torch.autograd.grad(scan_sequential(w * 0.9, w * 1.0).sum(), w)[0]
+        torch.testing.assert_close(got, ref)

@@ -87,3 +87,59 @@ BAD = [
 def test_bad_input(f, change, exc, word):
     with pytest.raises(exc, match=rf"\b{word}\b"):
         f(**{**KW, **change})
+
+
+# ---- issue 13 item 1: inputs are never modified ------------------------------------------------------------
+from ssm_course.ssd import ssd, ssd_quadratic, ssd_ref, segsum
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), b=st.integers(1, 3), n=st.integers(1, 4), l=st.integers(1, 30), layout=st.sampled_from([2, 3, 4]),
+       cplx=st.booleans(), chunk=st.integers(1, 33))
+def test_selective_inputs_unchanged(seed, b, n, l, layout, cplx, chunk):
+    "selective_scan and its reference leave every input bit-identical, forward and backward (odd shapes, every chunk size)."
+    d = 2
+    kw = inputs(seed, b, d, n, l, layout, cplx, groups=1, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    kw.update(D=torch.randn(d, generator=gen), z=torch.randn(b, d, l, generator=gen), delta_bias=torch.randn(d, generator=gen),
+              initial_state=torch.randn(b, d, n, generator=gen, dtype=torch.complex64 if cplx else torch.float32))
+    saved = {k: v.clone() for k, v in kw.items()}
+    selective_scan_ref(**kw, delta_softplus=True)
+    selective_scan(**kw, delta_softplus=True, chunk=chunk)
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in kw.items()}
+    views = {k: v * 1 for k, v in leaves.items()}
+    vsaved = {k: v.detach().clone() for k, v in views.items()}
+    y, last = selective_scan(**views, delta_softplus=True, chunk=chunk, return_last_state=True)
+    (y.sum() + last.abs().sum()).backward()
+    for k in kw: assert torch.equal(kw[k], saved[k]) and torch.equal(views[k].detach(), vsaved[k]), k
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), b=st.integers(1, 2), l=st.integers(1, 40), g=st.sampled_from([1, 2]), p=st.integers(1, 3),
+       n=st.integers(1, 4), chunk=st.integers(1, 45), with_h0=st.booleans())
+def test_ssd_inputs_unchanged(seed, b, l, g, p, n, chunk, with_h0):
+    "ssd, ssd_ref, ssd_quadratic and segsum leave every input bit-identical, forward and backward."
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)
+    h = 2 * g
+    kw = dict(x=r(b, l, h, p), dt=torch.rand(b, l, h, generator=gen) + 0.05, A=-torch.rand(h, generator=gen), B=r(b, l, g, n), C=r(b, l, g, n),
+              D=r(h), initial_states=r(b, h, p, n) if with_h0 else None)
+    kw = {k: v for k, v in kw.items() if v is not None}
+    saved = {k: v.clone() for k, v in kw.items()}
+    for f in (ssd_ref, ssd_quadratic, ssd): f(**kw, chunk_size=chunk, return_final_states=True)
+    segsum(kw["A"])
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in kw.items()}
+    views = {k: v * 1 for k, v in leaves.items()}
+    vsaved = {k: v.detach().clone() for k, v in views.items()}
+    y, final = ssd(**views, chunk_size=chunk, return_final_states=True)
+    (y.sum() + final.sum()).backward()
+    for k in kw: assert torch.equal(kw[k], saved[k]) and torch.equal(views[k].detach(), vsaved[k]), k
+
+
+def test_mamba_backward_repro():
+    "Issue 13: Mamba(3, 3, expand=1) on (1, 12, 3) crashed in backward with 'modified by an inplace operation'."
+    from ssm_course.layers import Mamba
+    torch.manual_seed(0)
+    m = Mamba(3, 3, expand=1)
+    m(torch.randn(1, 12, 3)).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
