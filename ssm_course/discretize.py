@@ -8,31 +8,38 @@ Docs: https://ssm-course.github.io/ssm_course/discretize.html.md"""
 __all__ = ['DENSE_METHODS', 'DIAG_METHODS', 'discretize', 'expm1', 'phi1', 'discretize_diag']
 
 # %% ../nbs/02_discretize.ipynb #7418ef29
+import numbers
 import torch
 from torch import Tensor
-from .checks import check_tensor, check_square, check_last_dim, check_choice
+from .checks import check_tensor, check_square, check_last_dim, check_choice, check_positive, broadcast_batch, values_hidden, float_dtype, compute_dtype, real_dtype, to_precision
 from .ssm import matrix_exp
 
 # %% ../nbs/02_discretize.ipynb #013422f5
 DENSE_METHODS = {"zoh", "bilinear", "euler", "backward_euler", "gbt"}
 _ALPHA = {"euler": 0.0, "backward_euler": 1.0, "bilinear": 0.5}
 
-def _check_dt(dt, like:Tensor, batch_shape, name="dt")->Tensor:
-    "`dt` as a real tensor of `like`'s precision and device, positive, broadcastable with `batch_shape`."
-    real = like.real.dtype if like.is_complex() else like.dtype
-    if isinstance(dt, complex) or (isinstance(dt, Tensor) and (dt.is_complex() or dt.dtype == torch.bool)):
-        raise ValueError(f"{name} must be a real number or real tensor, got {dt!r}")
+def _check_dt(
+    dt:Tensor|float, # the step, a positive real number or tensor
+    like:Tensor, # the tensor whose device and (real) precision `dt` takes; integer dtypes count as float
+    batch_shape:tuple, # the batch shape `dt` must broadcast with
+    name:str="dt", # the argument's name, quoted in the error
+)->Tensor:
+    "`dt` as a real tensor of `like`'s precision and device, checked positive and finite (unless values are hidden), broadcastable with `batch_shape`."
+    check_positive(dt, name)  # TypeError for complex or bool, ValueError for <= 0 or NaN; skipped on meta tensors and under torch.compile
+    real = real_dtype(float_dtype(like))
     if not isinstance(dt, Tensor): dt = torch.tensor(dt, dtype=real, device=like.device)  # a Python float keeps its 64 bits
     dt = dt.to(device=like.device, dtype=real)
-    if not bool((dt > 0).all()): raise ValueError(f"{name} must be positive, got {dt.min().item() if dt.numel() else dt}")
+    if not values_hidden(dt) and dt.numel() and not bool(torch.isfinite(dt).all()): raise ValueError(f"{name} must be finite, got max {dt.max().item()}")
     try: torch.broadcast_shapes(dt.shape, tuple(batch_shape))
     except RuntimeError: raise ValueError(f"{name} of shape {tuple(dt.shape)} does not broadcast with the batch shape {tuple(batch_shape)}") from None
     return dt
 
 def _check_alpha(method, alpha):
+    "The GBT weight of `method`; `alpha` is required for (and only for) 'gbt'."
     if method == "gbt":
         if alpha is None: raise ValueError("alpha is required for method='gbt'")
-        if not 0 <= float(alpha) <= 1: raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real): raise TypeError(f"alpha must be a real number, got {alpha!r}")
+        if not 0 <= alpha <= 1: raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         return float(alpha)
     if alpha is not None: raise ValueError(f"alpha is only used with method='gbt', got alpha={alpha} with method={method!r}")
     return _ALPHA.get(method)
@@ -44,16 +51,20 @@ def discretize(
     dt:Tensor|float, # step size > 0, scalar or a tensor that broadcasts with the batch dims `A.shape[:-2]`
     method:str="zoh", # "zoh", "bilinear", "euler", "backward_euler" or "gbt"
     alpha:float|None=None, # weight of the new end of the step, only for "gbt": 0 euler, 1/2 bilinear, 1 backward Euler
-)->tuple[Tensor, Tensor]: # (dA (..., N, N), dB shaped like B)
-    "Discretize the dense SSM x' = Ax + Bu into x_k = dA x_{k-1} + dB u_k."
+)->tuple[Tensor, Tensor]: # (dA (..., N, N), dB shaped like `B`)
+    "Discretize the dense SSM $x' = Ax + Bu$ into $x_k = \\bar A x_{k-1} + \\bar B u_k$, returned as `(Ad, Bd)`: `Ad` is real when `A` is, `Bd` complex when `A` or `B` is."
     N = check_square(A, "A")
     method = check_choice(method, "method", DENSE_METHODS)
     alpha = _check_alpha(method, alpha)
     vector = check_tensor(B, "B", min_ndim=1).ndim < A.ndim
     if vector: check_last_dim(B, "B", N)
     elif B.shape[-2] != N: raise ValueError(f"B must have shape (..., N, M) with N={N} (or (..., N)), got shape {tuple(B.shape)}")
+    out, cd = float_dtype(A, B), compute_dtype(A, B)  # integers become float; half precision is computed in float32
+    split = B.is_complex() and not A.is_complex()  # a real A with a complex B: Re B and Im B are discretized as two real inputs
+    A = to_precision(A, cd)
     Bm = B[..., None] if vector else B  # (..., N, M)
-    dt = _check_dt(dt, A, torch.broadcast_shapes(A.shape[:-2], Bm.shape[:-2]))
+    Bm = torch.cat([Bm.real, Bm.imag], -1) if split else Bm  # (..., N, 2M) real
+    dt = _check_dt(dt, A, broadcast_batch(A=A.shape[:-2], B=Bm.shape[:-2]))
     batch = torch.broadcast_shapes(A.shape[:-2], Bm.shape[:-2], dt.shape)  # a tensor dt may add batch dims: one system, many steps
     dt = dt[..., None, None]  # (..., 1, 1)
     A, Bm = A.expand(*batch, N, N), Bm.to(A.dtype).expand(*batch, *Bm.shape[-2:])
@@ -66,24 +77,31 @@ def discretize(
         I = torch.eye(N, dtype=A.dtype, device=A.device)
         sol = torch.linalg.solve(I - alpha * dt * A, torch.cat([I + (1 - alpha) * dt * A, dt * Bm], -1))
         dA, dB = sol[..., :N], sol[..., N:]
-    return dA, (dB[..., 0] if vector else dB)
+    if split: dB = torch.complex(dB[..., :M // 2], dB[..., M // 2:])
+    return to_precision(dA, out), to_precision(dB[..., 0] if vector else dB, out)
 
 # %% ../nbs/02_discretize.ipynb #400ee91d
 def expm1(
     z:Tensor, # real or complex
-)->Tensor:
-    "exp(z) - 1, accurate for small |z|, also for complex z."
-    if not z.is_complex(): return torch.expm1(z)
+)->Tensor: # $e^z - 1$, same dtype as `z` (integers give float)
+    "$e^z - 1$, accurate for small $|z|$, also for complex $z$."
+    z = check_tensor(z, "z")
+    out = float_dtype(z)
+    z = z.to(compute_dtype(z))
+    if not z.is_complex(): return torch.expm1(z).to(out)
     x, y = z.real, z.imag
-    return torch.complex(torch.expm1(x) * torch.cos(y) - 2 * torch.sin(y / 2) ** 2, torch.exp(x) * torch.sin(y))
+    return torch.complex(torch.expm1(x) * torch.cos(y) - 2 * torch.sin(y / 2) ** 2, torch.exp(x) * torch.sin(y)).to(out)
 
 def phi1(
     z:Tensor, # real or complex
-)->Tensor:
-    "(exp(z) - 1) / z, equal to 1 at z = 0 and accurate near it."
+)->Tensor: # $\varphi_1(z)$, same dtype as `z` (integers give float)
+    "$\\varphi_1(z) = (e^z - 1)/z$, equal to 1 at $z = 0$ and accurate near it."
+    z = check_tensor(z, "z")
+    out = float_dtype(z)
+    z = z.to(compute_dtype(z))
     small = z.abs() < 1e-4
     zs = torch.where(small, torch.ones_like(z), z)  # keeps the unused branch (and its gradient) finite
-    return torch.where(small, 1 + z / 2 + z * z / 6, expm1(zs) / zs)
+    return torch.where(small, 1 + z / 2 + z * z / 6, expm1(zs) / zs).to(out)
 
 # %% ../nbs/02_discretize.ipynb #06a4fb4a
 DIAG_METHODS = DENSE_METHODS | {"zoh_euler"}
@@ -95,12 +113,14 @@ def discretize_diag(
     method:str="zoh", # "zoh", "bilinear", "euler", "backward_euler", "gbt" or Mamba's "zoh_euler"
     alpha:float|None=None, # only for "gbt"
 )->tuple[Tensor, Tensor]: # (dA (..., N), dB (..., N))
-    "Discretize the diagonal SSM x' = diag(Lambda) x + Bu elementwise."
+    "Discretize the diagonal SSM $x' = \\mathrm{diag}(\\Lambda)x + Bu$ elementwise: `dA` is real when `Lambda` is, `dB` complex when either is."
     N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
     check_last_dim(B, "B", N)
     method = check_choice(method, "method", DIAG_METHODS)
     alpha = _check_alpha(method, alpha)
-    dt = _check_dt(dt, Lambda, torch.broadcast_shapes(Lambda.shape[:-1], B.shape[:-1]))[..., None]  # (..., 1)
+    out, cd = float_dtype(Lambda, B), compute_dtype(Lambda, B)  # integers become float; half precision is computed in float32
+    Lambda, B = to_precision(Lambda, cd), to_precision(B, cd)
+    dt = _check_dt(dt, Lambda, broadcast_batch(Lambda=Lambda.shape[:-1], B=B.shape[:-1]))[..., None]  # (..., 1)
     z = dt * Lambda
     if method in ("zoh", "zoh_euler"):
         dA = torch.exp(z)
@@ -108,4 +128,4 @@ def discretize_diag(
     else:
         denom = 1 - alpha * z
         dA, dB = (1 + (1 - alpha) * z) / denom, dt * B / denom
-    return dA, dB
+    return to_precision(dA, out), to_precision(dB, out)

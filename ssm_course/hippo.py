@@ -11,15 +11,16 @@ __all__ = ['MEASURES', 'hippo', 'hippo_basis', 'hippo_project', 'hippo_reconstru
 import math
 import torch
 from torch import Tensor
-from .checks import check_tensor, check_choice
+from .checks import check_tensor, check_choice, check_size, check_positive, float_dtype, compute_dtype, real_dtype
 from .discretize import discretize
 
 # %% ../nbs/03_hippo.ipynb #d0a4e359
 MEASURES = ("legs", "legt", "lagt", "fout")
 
-def _check_measure(measure, N):
+def _check_measure(measure, N)->int:
+    "Check `measure` and the size `N`; return `N` as an int."
     check_choice(measure, "measure", set(MEASURES))
-    if not isinstance(N, int) or isinstance(N, bool) or N < 1: raise ValueError(f"N must be a positive integer, got {N!r}")
+    return check_size(N, "N")
 
 def _fourier_ends(N):
     "e_n = g_n(0) = g_n(1) for the Fourier basis: 1, then 0 for sines and sqrt(2) for cosines."
@@ -30,10 +31,12 @@ def _fourier_ends(N):
 def hippo(
     measure:str, # "legs", "legt", "lagt" or "fout"
     N:int, # state size
-    dtype=torch.float64,
-)->tuple[Tensor, Tensor]: # (A (N, N), B (N,)) with c' = Ac + Bu (times 1/t for "legs")
+    dtype:torch.dtype=torch.float64, # a floating or complex dtype for the result (built in float64, then cast)
+)->tuple[Tensor, Tensor]: # (A (N, N), B (N,)) with $c' = Ac + Bu$ (times $1/t$ for "legs")
     "The HiPPO matrices of `measure`; windows (LegT, FouT) have length 1."
-    _check_measure(measure, N)
+    N = _check_measure(measure, N)
+    if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or dtype.is_complex):
+        raise TypeError(f"dtype must be a floating or complex torch.dtype, got {dtype!r}")
     n = torch.arange(N, dtype=torch.float64)
     r = torch.sqrt(2 * n + 1)
     below = n[:, None] > n[None, :]  # n > k
@@ -58,69 +61,79 @@ def hippo(
 def hippo_basis(
     measure:str, # "legs", "legt", "lagt" or "fout"
     N:int, # number of basis functions
-    x:Tensor, # normalized ages: (t - s)/theta for legt/fout, (t - s)/t for legs, t - s for lagt
-)->Tensor: # g_n(x), (N, *x.shape)
-    "The orthonormal basis of `measure` at normalized ages `x`; the history is u(t - age) ~ sum_n c_n g_n(x)."
-    _check_measure(measure, N)
+    x:Tensor, # real normalized ages: (t - s)/theta for legt/fout, (t - s)/t for legs, t - s for lagt
+)->Tensor: # $g_n(x)$: shape (N,) followed by `x`'s shape
+    "The orthonormal basis of `measure` at normalized ages `x`; the history is $u(t - \\text{age}) \\approx \\sum_n c_n g_n(x)$."
+    N = _check_measure(measure, N)
     x = check_tensor(x, "x")
-    out = []
+    if x.is_complex(): raise TypeError(f"x must be real ages, got dtype {x.dtype}")
+    out = float_dtype(x)
+    x = x.to(compute_dtype(x))  # integers become float; half precision is computed in float32
+    basis = []
     if measure in ("legs", "legt"):
         z = 1 - 2 * x
         p_prev, p = torch.zeros_like(z), torch.ones_like(z)
         for n in range(N):
-            out.append(math.sqrt(2 * n + 1) * p)
+            basis.append(math.sqrt(2 * n + 1) * p)
             p_prev, p = p, ((2 * n + 1) * z * p - n * p_prev) / (n + 1)
     elif measure == "lagt":
         l_prev, l, decay = torch.zeros_like(x), torch.ones_like(x), torch.exp(-x / 2)
         for n in range(N):
-            out.append(l * decay)
+            basis.append(l * decay)
             l_prev, l = l, ((2 * n + 1 - x) * l - n * l_prev) / (n + 1)
     else:
         for n in range(N):
             j = (n + 1) // 2
-            out.append(torch.ones_like(x) if n == 0 else math.sqrt(2) * (torch.sin if n % 2 else torch.cos)(2 * math.pi * j * x))
-    return torch.stack(out)
+            basis.append(torch.ones_like(x) if n == 0 else math.sqrt(2) * (torch.sin if n % 2 else torch.cos)(2 * math.pi * j * x))
+    return torch.stack(basis).to(out)
 
 # %% ../nbs/03_hippo.ipynb #cdab53a9
 def hippo_project(
     measure:str, # "legs", "legt", "lagt" or "fout"
-    u:Tensor, # samples u(k dt), k = 1..L, (..., L)
+    u:Tensor, # samples $u(k\Delta)$, $k = 1, \dots, L$, (..., L), real or complex
     N:int, # state size
     dt:float=1.0, # sample spacing in units of the memory's timescale (the window for legt/fout); unused by legs
 )->Tensor: # coefficients after each sample, (..., N, L)
     "Run the HiPPO recurrence (bilinear steps, trapezoidal input) over `u`: the online projection of its history."
-    _check_measure(measure, N)
+    N = _check_measure(measure, N)
     u = check_tensor(u, "u", min_ndim=1)
     if u.shape[-1] == 0: raise ValueError(f"u must have at least one sample, got shape {tuple(u.shape)}")
-    A, B = hippo(measure, N, u.dtype)
-    A, B = A.to(u.device), B.to(u.device)
+    check_positive(dt, "dt")
+    out, cd = float_dtype(u), compute_dtype(u)
+    u = u.to(cd)  # integers become float; half precision is computed in float32
+    A, B = (m.to(u.device) for m in hippo(measure, N, real_dtype(cd)))
     L = u.shape[-1]
     ubar = (torch.cat([torch.zeros_like(u[..., :1]), u[..., :-1]], -1) + u) / 2  # trapezoid: (u_{k-1} + u_k)/2
-    if measure == "legs":
-        k = torch.arange(2, L + 1, dtype=u.dtype, device=u.device)
-        dAs, dBs = discretize(A, B, torch.log(k / (k - 1)), "bilinear") if L > 1 else (None, None)  # (L-1, N, N)
-        c = u[..., :1] * torch.eye(N, dtype=u.dtype, device=u.device)[0]  # c_1 = u_1 e_0
+    if measure == "legs":  # log-time steps h_k = log(k/(k-1)); A is lower triangular, so each bilinear step is a triangular solve
+        k = torch.arange(2, L + 1, dtype=real_dtype(cd), device=u.device)
+        h = torch.log(k / (k - 1)).tolist()
+        I = torch.eye(N, dtype=cd, device=u.device)
+        A, B = A.to(cd), B.to(cd)
+        c = u[..., :1] * I[0]  # c_1 = u_1 e_0
         cs = [c]
-        for i in range(L - 1):
-            c = c @ dAs[i].T + ubar[..., i + 1, None] * dBs[i]
+        for i in range(L - 1):  # (I - h/2 A) c_k = (I + h/2 A) c_{k-1} + h B ubar_k
+            rhs = c + (h[i] / 2) * (c @ A.T) + h[i] * ubar[..., i + 1, None] * B  # (..., N)
+            c = torch.linalg.solve_triangular(I - (h[i] / 2) * A, rhs[..., None], upper=False)[..., 0]
             cs.append(c)
     else:
         dA, dB = discretize(A, B, dt, "bilinear")
-        c, cs = torch.zeros(*u.shape[:-1], N, dtype=u.dtype, device=u.device), []
+        dAT, inp = dA.T.to(cd), ubar[..., None] * dB.to(cd)  # inp: (..., L, N)
+        c, cs = torch.zeros(*u.shape[:-1], N, dtype=cd, device=u.device), []
         for i in range(L):
-            c = c @ dA.T + ubar[..., i, None] * dB
+            c = inp[..., i, :] + c @ dAT
             cs.append(c)
-    return torch.stack(cs, -1)
+    return torch.stack(cs, -1).to(out)  # (..., N, L)
 
 def hippo_reconstruct(
     measure:str, # "legs", "legt", "lagt" or "fout"
     c:Tensor, # coefficients at one time, (..., N)
     x:Tensor, # normalized ages at which to evaluate (see `hippo_basis`)
-)->Tensor: # u(t - age) estimated at each x, (..., *x.shape)
-    "The history encoded by HiPPO coefficients `c`: sum_n c_n g_n(x)."
+)->Tensor: # $u(t - \text{age})$ estimated at each age: `c`'s batch shape followed by `x`'s shape
+    "The history encoded by HiPPO coefficients `c`: $\\sum_n c_n g_n(x)$."
     c = check_tensor(c, "c", min_ndim=1)
-    G = hippo_basis(measure, c.shape[-1], x).to(c)  # (N, ...)
-    return torch.tensordot(c, G, dims=([-1], [0]))
+    out, cd = float_dtype(c), compute_dtype(c)
+    G = hippo_basis(measure, c.shape[-1], x).to(device=c.device, dtype=cd)  # (N, ...)
+    return torch.tensordot(c.to(cd), G, dims=([-1], [0])).to(out)
 
 # %% ../nbs/03_hippo.ipynb #5fd389f3
 def _low_rank(measure, N):
@@ -136,7 +149,8 @@ def dplr(
     measure:str, # "legs", "legt", "lagt" or "fout"
     N:int, # state size
 )->tuple[Tensor, Tensor, Tensor, Tensor]: # (Lambda (N,), P (N,) or (r, N), B (N,), V (N, N)), complex128
-    "HiPPO's A as V (diag(Lambda) - P P^*) V^* with V unitary; P and B are returned in the diagonal basis."
+    "HiPPO's $A$ as $V(\\mathrm{diag}\\,\\Lambda - PP^H)V^H$ with $V$ unitary; $P$ and $B$ are returned in the diagonal basis."
+    N = _check_measure(measure, N)
     A, B = hippo(measure, N)
     p = _low_rank(measure, N)  # (r, N)
     AN = A + p.T @ p  # normal: c I + S, S skew-symmetric

@@ -9,35 +9,46 @@ __all__ = ['matrix_exp', 'state_transition', 'basis_functions', 'impulse_respons
            'spectral_abscissa', 'is_stable']
 
 # %% ../nbs/01_ssm.ipynb #cc9de1eb
-import math
+import math, numbers
 import torch
 from torch import Tensor
-from .checks import check_tensor, check_square, check_last_dim
+from .checks import check_tensor, check_square, check_last_dim, check_size, broadcast_batch, float_dtype, compute_dtype, real_dtype, to_precision, values_hidden
 
 # %% ../nbs/01_ssm.ipynb #21edf9de
 def matrix_exp(
     M:Tensor, # square matrices, (..., N, N)
-)->Tensor: # exp(M), (..., N, N)
-    "`torch.linalg.matrix_exp`, except for float64 matrices with 1-norm in (3.3e-4, 0.05], where torch is only ~1e-12 accurate and a 10-term Taylor series is used."
+)->Tensor: # $e^M$, (..., N, N), in `M`'s dtype
+    "`torch.linalg.matrix_exp`, made accurate where torch is not: float64 with 1-norm in (3.3e-4, 0.05], and half precision."
+    check_square(M, "M")
+    out = float_dtype(M)
+    M = M.to(compute_dtype(M))  # integers to float; half precision computed in float32
     E = torch.linalg.matrix_exp(M)
-    if M.dtype not in (torch.float64, torch.complex128) or M.numel() == 0: return E
+    if M.dtype not in (torch.float64, torch.complex128) or M.numel() == 0: return E.to(out)
     with torch.no_grad():
         band = (lambda n: (n > 3.3e-4) & (n <= 5e-2))(torch.linalg.matrix_norm(M, 1))  # (...)
-    if not bool(band.any()): return E
+    if not values_hidden(M) and not bool(band.any()): return E  # (under torch.compile both branches are computed)
     I = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
     T = I
     for k in range(10, 0, -1): T = I + (M @ T) / k  # Horner's rule for the Taylor polynomial of degree 10
     return torch.where(band[..., None, None], T, E)
 
 # %% ../nbs/01_ssm.ipynb #4092dec4
+def _check_times(t, like:Tensor)->Tensor:
+    "`t` as a real 1-D tensor in the real precision of `like`."
+    t = check_tensor(t, "t", ndim=1)
+    if t.is_complex(): raise TypeError(f"t must be real times, got dtype {t.dtype}")
+    return t.to(device=like.device, dtype=real_dtype(like.dtype))
+
 def state_transition(
     A:Tensor, # state matrix, (..., N, N)
     t:Tensor, # times, (T,)
-)->Tensor: # e^{tA} for each time, (..., T, N, N)
-    "The state-transition matrices exp(tA), one per time in `t`."
+)->Tensor: # $e^{tA}$ for each time, (..., T, N, N)
+    "The state-transition matrices $e^{tA}$, one per time in `t`."
     check_square(A, "A")
-    t = check_tensor(t, "t", ndim=1).to(A.dtype)
-    return matrix_exp(t[:, None, None] * A[..., None, :, :])  # (..., T, N, N)
+    out = float_dtype(A)
+    A = A.to(compute_dtype(A))  # integers become float; half precision is computed in float32
+    t = _check_times(t, A)
+    return matrix_exp(t[:, None, None] * A[..., None, :, :]).to(out)  # (..., T, N, N)
 
 # %% ../nbs/01_ssm.ipynb #127d8898
 def basis_functions(
@@ -45,11 +56,14 @@ def basis_functions(
     B:Tensor, # input vector, (..., N)
     t:Tensor, # times, (T,)
 )->Tensor: # (..., N, T)
-    "The SSM's basis functions exp(tA) B: the state after a unit impulse at time 0."
+    "The SSM's basis functions $e^{tA}B$: the state after a unit impulse at time 0."
     N = check_square(A, "A")
     check_last_dim(B, "B", N)
-    Phi = state_transition(A, t)  # (..., T, N, N)
-    return (Phi @ B[..., None, :, None].to(Phi.dtype))[..., 0].transpose(-1, -2)  # (..., N, T)
+    broadcast_batch(A=A.shape[:-2], B=B.shape[:-1])
+    out, cd = float_dtype(A, B), compute_dtype(A, B)
+    Phi = state_transition(to_precision(A, cd), t)  # (..., T, N, N)
+    x = Phi.to(cd) @ B.to(cd)[..., None, :, None]  # (..., T, N, 1)
+    return x[..., 0].transpose(-1, -2).to(out)  # (..., N, T)
 
 # %% ../nbs/01_ssm.ipynb #48ce01fd
 def impulse_response(
@@ -57,11 +71,14 @@ def impulse_response(
     B:Tensor, # input vector, (..., N)
     C:Tensor, # output vector, (..., N)
     t:Tensor, # times, (T,)
-)->Tensor: # h(t), (..., T)
-    "The impulse response h(t) = C exp(tA) B (the D delta(t) term is left out)."
+)->Tensor: # $h(t)$, (..., T)
+    "The impulse response $h(t) = Ce^{tA}B$ (the $D\\delta(t)$ term is left out)."
     N = check_square(A, "A")
     check_last_dim(C, "C", N)
-    return torch.einsum("...n,...nt->...t", C.to(A.dtype), basis_functions(A, B, t))
+    broadcast_batch(A=A.shape[:-2], B=check_tensor(B, "B").shape[:-1], C=C.shape[:-1])
+    out, cd = float_dtype(A, B, C), compute_dtype(A, B, C)
+    E = basis_functions(to_precision(A, cd), to_precision(B, cd), t)  # (..., N, T)
+    return torch.einsum("...n,...nt->...t", C.to(cd), E.to(cd)).to(out)
 
 # %% ../nbs/01_ssm.ipynb #db3ef744
 def random_ssm(
@@ -69,10 +86,10 @@ def random_ssm(
     stable:bool=True, # shift the spectrum so that max Re(eig(A)) = -`margin`
     margin:float=0.1, # distance of the rightmost eigenvalue from the imaginary axis
     seed:int=0, # seed of a private generator (the global RNG is untouched)
-    dtype=torch.float64,
-): # (A (N, N), B (N,), C (N,), D ())
-    "A random single-input single-output SSM (A, B, C, D) for tests and examples."
-    if N < 1: raise ValueError(f"N must be a positive integer, got {N!r}")
+    dtype:torch.dtype=torch.float64, # dtype of the returned tensors
+)->tuple[Tensor, Tensor, Tensor, Tensor]: # (A (N, N), B (N,), C (N,), D ())
+    "A random single-input single-output SSM $(A, B, C, D)$ for tests and examples."
+    N, seed = check_size(N, "N"), check_size(seed, "seed", min=0)
     g = torch.Generator().manual_seed(seed)
     A, B, C, D = (torch.randn(s, generator=g, dtype=torch.float64) for s in [(N, N), (N,), (N,), ()])
     A = A / math.sqrt(N)
@@ -86,28 +103,32 @@ def step_response(
     C:Tensor, # output vector, (..., N)
     t:Tensor, # times, (T,)
     D:Tensor|float=0., # feedthrough, scalar or (...)
-)->Tensor: # y(t) for u = 1, (..., T)
-    "The response to a unit step input from x(0) = 0, via one exponential of the block matrix [[A, B], [0, 0]]."
+)->Tensor: # $y(t)$ for $u = 1$, (..., T)
+    "The response to a unit step input from $x(0) = 0$, via one exponential of the block matrix $\\begin{bmatrix}A & B\\\\ 0 & 0\\end{bmatrix}$."
     N = check_square(A, "A")
     check_last_dim(B, "B", N)
     check_last_dim(C, "C", N)
+    if not isinstance(D, (Tensor, numbers.Number)) or isinstance(D, bool): raise TypeError(f"D must be a number or a tensor, got {type(D).__name__}")
+    D = torch.as_tensor(D, device=A.device)
+    broadcast_batch(A=A.shape[:-2], B=B.shape[:-1], C=C.shape[:-1], D=D.shape)
+    cd = compute_dtype(A, B)
     batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-1])
-    M = torch.zeros(*batch, N + 1, N + 1, dtype=A.dtype, device=A.device)
+    M = torch.zeros(*batch, N + 1, N + 1, dtype=cd, device=A.device)
     M[..., :N, :N], M[..., :N, N] = A, B
     x = state_transition(M, t)[..., :N, N]  # (..., T, N): the integral of e^{sA}B
-    D = torch.as_tensor(D, dtype=A.dtype, device=A.device)
-    return torch.einsum("...n,...tn->...t", C.to(A.dtype), x) + D[..., None]
+    out, cd = float_dtype(A, B, C, D), compute_dtype(A, B, C, D)
+    return (torch.einsum("...n,...tn->...t", C.to(cd), x.to(cd)) + D.to(cd)[..., None]).to(out)
 
 # %% ../nbs/01_ssm.ipynb #2f12bb1b
 def spectral_abscissa(
     A:Tensor, # state matrix, (..., N, N)
-)->Tensor: # max Re(eig(A)), (...)
-    "The largest real part of the eigenvalues of `A`, which sets the long-run growth rate of exp(tA)."
-    check_square(A, "A")
-    return torch.linalg.eigvals(A).real.amax(-1)
+)->Tensor: # $\max_n \mathrm{Re}\,\lambda_n$ over the eigenvalues of `A`, (...)
+    "The largest real part of the eigenvalues of `A`, which sets the long-run growth rate of $e^{tA}$."
+    if check_square(A, "A") == 0: raise ValueError(f"A must have at least one state, got shape {tuple(A.shape)}")
+    return torch.linalg.eigvals(A.to(compute_dtype(A))).real.amax(-1).to(real_dtype(float_dtype(A)))
 
 def is_stable(
     A:Tensor, # state matrix, (..., N, N)
 )->Tensor: # bool, (...)
-    "Whether x' = Ax is asymptotically stable: every eigenvalue of `A` has negative real part."
+    "Whether $x' = Ax$ is asymptotically stable: every eigenvalue of `A` has negative real part."
     return spectral_abscissa(A) < 0

@@ -74,7 +74,16 @@ BAD = [
     (lambda: discretize_diag(torch.ones(3), torch.ones(4), 0.1), ValueError, "B"),
     (lambda: discretize_diag(torch.ones(3), torch.ones(3), 0.1, "expm"), ValueError, "method"),
     (lambda: discretize_diag(torch.ones(2, 3), torch.ones(3), torch.ones(3)), ValueError, "dt"),
-    (lambda: discretize_diag(torch.ones(3), torch.ones(3), 1j), ValueError, "dt"),
+    (lambda: discretize_diag(torch.ones(3), torch.ones(3), 1j), TypeError, "dt"),
+    (lambda: discretize_diag(torch.ones(3), torch.ones(3), True), TypeError, "dt"),
+    (lambda: discretize_diag(torch.ones(3), torch.ones(3), float("nan")), ValueError, "dt"),
+    (lambda: discretize_diag(torch.ones(3), torch.ones(3), float("inf")), ValueError, "dt"),
+    (lambda: discretize_diag(torch.ones(3), torch.ones(3), "0.1"), TypeError, "dt"),
+    (lambda: discretize(A, B, 0.1, "gbt", alpha="0.5"), TypeError, "alpha"),
+    (lambda: discretize(A, B, 0.1, "gbt", alpha=float("nan")), ValueError, "alpha"),
+    (lambda: discretize(A.expand(2, 3, 3), torch.ones(3, 3), 0.1), ValueError, "B"),
+    (lambda: discretize_diag(torch.ones(2, 3), torch.ones(4, 3), 0.1), ValueError, "Lambda"),
+    (lambda: discretize_diag(torch.ones(3), torch.ones(()), 0.1), ValueError, "B"),
     (lambda: discretize_diag(torch.ones(()), torch.ones(3), 0.1), ValueError, "Lambda"),
 ]
 
@@ -83,3 +92,97 @@ BAD = [
 def test_bad_input(call, exc, name):
     with pytest.raises(exc, match=rf"\b{name}\b"):
         call()
+
+
+# Issue 13: half precision, dtype promotion, meta tensors and torch.compile.
+HALF = [torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("method", ["zoh", "bilinear", "euler", "backward_euler"])
+def test_half_precision_is_float32_rounded(dtype, method):
+    "Half precision is computed in float32 and cast back: the result is the float32 result, rounded."
+    A, B, _, _ = random_ssm(5, seed=3, margin=0.5, dtype=torch.float32)
+    dA, dB = discretize(A.to(dtype), B.to(dtype), 0.1, method)
+    ref = discretize(A.to(dtype).float(), B.to(dtype).float(), 0.1, method)
+    assert dA.dtype == dB.dtype == dtype
+    assert torch.equal(dA, ref[0].to(dtype)) and torch.equal(dB, ref[1].to(dtype))
+    Lam = torch.diagonal(A).to(dtype)
+    dA, dB = discretize_diag(Lam, B.to(dtype), 0.1, method)
+    ref = discretize_diag(Lam.float(), B.to(dtype).float(), 0.1, method)
+    assert dA.dtype == dtype and torch.equal(dA, ref[0].to(dtype)) and torch.equal(dB, ref[1].to(dtype))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_matrix_exp_half(dtype):
+    "torch's CPU matrix_exp returns garbage in half precision (a diagonal of -21072 for this matrix); ours is float32, rounded."
+    from ssm_course.ssm import matrix_exp
+    A = random_ssm(6, seed=0, margin=0.5)[0].to(dtype)
+    E = matrix_exp(0.1 * A)
+    assert E.dtype == dtype and torch.equal(E, matrix_exp((0.1 * A).float()).to(dtype))
+    assert (E.double() - torch.linalg.matrix_exp(0.1 * A.double())).abs().max() < 1e-2
+
+
+@pytest.mark.parametrize("method", ["zoh", "bilinear", "gbt"])
+def test_real_A_complex_B_keeps_imaginary_part(method):
+    "A real A with a complex B: dB is the complex result (the same as with A made complex), dA stays real."
+    A, _, _, _ = random_ssm(4, seed=1)
+    B = torch.randn(4, dtype=torch.complex128, generator=torch.Generator().manual_seed(0))
+    alpha = 0.3 if method == "gbt" else None
+    dA, dB = discretize(A, B, 0.2, method, alpha)
+    ref = discretize(A.to(torch.complex128), B, 0.2, method, alpha)
+    assert not dA.is_complex() and dB.dtype == torch.complex128
+    torch.testing.assert_close(dA.to(torch.complex128), ref[0], rtol=0, atol=1e-14)
+    torch.testing.assert_close(dB, ref[1], rtol=0, atol=1e-14)
+    assert dB.imag.abs().max() > 0.1  # the imaginary part is really there
+    dA, dB = discretize(A, B[:, None].expand(4, 2), 0.2, method, alpha)  # several complex inputs
+    torch.testing.assert_close(dB[:, 1], ref[1], rtol=0, atol=1e-14)
+
+
+def test_integer_inputs_promote_to_float():
+    "Integer Lambda, A or B are computed in float: dt = 1.5 is not truncated to 1, and dt = 0.5 is not 0."
+    dA, dB = discretize_diag(torch.tensor([-1, -2]), torch.ones(2), 1.5)
+    torch.testing.assert_close(dA, torch.exp(torch.tensor([-1.5, -3.0])))
+    dA, _ = discretize_diag(torch.tensor([-1, -2]), torch.tensor([1, 1]), 0.5)
+    assert dA.dtype == torch.float32
+    torch.testing.assert_close(dA, torch.exp(torch.tensor([-0.5, -1.0])))
+    A = -2 * torch.eye(2, dtype=torch.int64)
+    for m in ["zoh", "bilinear"]:
+        dA, dB = discretize(A, torch.tensor([1, 0]), 0.5, m)
+        ref = discretize(A.float(), torch.tensor([1.0, 0.0]), 0.5, m)
+        assert dA.dtype == torch.float32
+        torch.testing.assert_close(dA, ref[0]); torch.testing.assert_close(dB, ref[1])
+
+
+def test_meta_tensors():
+    "Meta tensors carry no values: the dt check is skipped and shapes propagate."
+    Lam, B = torch.zeros(2, 3, device="meta", dtype=torch.complex64), torch.zeros(3, device="meta", dtype=torch.complex64)
+    dA, dB = discretize_diag(Lam, B, torch.ones(2, device="meta"))
+    assert dA.device.type == "meta" and dA.shape == dB.shape == (2, 3)
+    dA, dB = discretize(torch.zeros(3, 3, device="meta"), torch.zeros(3, device="meta"), 0.1, "bilinear")
+    assert dA.shape == (3, 3) and dB.shape == (3,)
+
+
+def test_compiles_without_graph_breaks():
+    "The dt check reads no values while torch.compile traces (fullgraph=True fails on any graph break)."
+    Lam, B = torch.complex(-torch.rand(4), torch.randn(4)), torch.randn(4, dtype=torch.complex64)
+    dt = torch.rand(3, 1) + 0.01
+    f = torch.compile(lambda l, b, d: discretize_diag(l, b, d, "zoh"), fullgraph=True, backend="eager")
+    for got, want in zip(f(Lam, B, dt), discretize_diag(Lam, B, dt, "zoh")): torch.testing.assert_close(got, want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(N=st.integers(1, 5), batch=st.sampled_from([(), (1,), (3,)]), seed=st.integers(0, 1000),
+       method=st.sampled_from(["zoh", "bilinear", "euler", "backward_euler"]), layout=st.sampled_from(["contiguous", "transposed", "expanded"]))
+def test_inputs_unchanged_outputs_finite(N, batch, seed, method, layout):
+    "Inputs are never modified (whatever their strides) and finite stable input gives finite output."
+    A, B, _, _ = random_ssm(N, seed=seed)
+    if layout == "transposed": A = A.T.contiguous().T
+    A, B = A.expand(*batch, N, N), B.expand(*batch, N)
+    if layout == "contiguous": A, B = A.contiguous(), B.contiguous()
+    Lam = torch.complex(-torch.rand(*batch, N, dtype=torch.float64), torch.randn(*batch, N, dtype=torch.float64))
+    args = [A, B, Lam]
+    copies = [a.clone() for a in args]
+    outs = discretize(A, B, 0.1, method) + discretize_diag(Lam, B, 0.1, method)
+    for a, c in zip(args, copies): assert torch.equal(a, c)
+    for o in outs: assert torch.isfinite(torch.view_as_real(o) if o.is_complex() else o).all()

@@ -59,7 +59,15 @@ def test_legs_matches_quadrature():
 BAD = [
     (lambda: hippo("legx", 4), ValueError, "measure"),
     (lambda: hippo("legs", 0), ValueError, "N"),
-    (lambda: hippo("legs", 2.5), ValueError, "N"),
+    (lambda: hippo("legs", 2.5), TypeError, "N"),
+    (lambda: hippo("legs", True), TypeError, "N"),
+    (lambda: hippo("legs", 3, dtype=torch.int64), TypeError, "dtype"),
+    (lambda: dplr("legs", 0), ValueError, "N"),
+    (lambda: dplr("legs", 2.5), TypeError, "N"),
+    (lambda: hippo_basis("legt", True, torch.zeros(3)), TypeError, "N"),
+    (lambda: hippo_basis("legt", 3, torch.zeros(3, dtype=torch.complex64)), TypeError, "x"),
+    (lambda: hippo_project("legt", torch.zeros(5), 0), ValueError, "N"),
+    (lambda: hippo_project("legt", torch.zeros(5), 4, dt=float("nan")), ValueError, "dt"),
     (lambda: dplr("lagx", 4), ValueError, "measure"),
     (lambda: dplr("legt", -1), ValueError, "N"),
     (lambda: hippo_basis("fout", 4, np.zeros(3)), TypeError, "x"),
@@ -74,3 +82,27 @@ BAD = [
 def test_bad_input(call, exc, name):
     with pytest.raises(exc, match=rf"\b{name}\b"):
         call()
+
+
+def test_numpy_sizes_accepted():
+    "NumPy integers are sizes like any other (check_size)."
+    for N in [np.int64(5), np.int32(5)]:
+        torch.testing.assert_close(hippo("legs", N)[0], hippo("legs", 5)[0])
+        assert dplr("legt", N)[0].shape == (5,) and hippo_basis("lagt", N, torch.zeros(2)).shape == (5, 2)
+
+
+@pytest.mark.parametrize("measure", MEASURES)
+def test_project_dtypes(measure):
+    "Integer input is projected in float, half precision in float32 (cast back), complex input by linearity."
+    u = torch.tensor([0, 1, 3, 2, 0, -1, 4])
+    ref = hippo_project(measure, u.double(), 6, 0.1)
+    c = hippo_project(measure, u, 6, 0.1)
+    assert c.dtype == torch.float32
+    torch.testing.assert_close(c.double(), ref, rtol=1e-5, atol=1e-5)
+    h = hippo_project(measure, u.to(torch.float16), 6, 0.1)
+    assert h.dtype == torch.float16 and torch.equal(h, hippo_project(measure, u.float(), 6, 0.1).to(torch.float16))
+    cc = hippo_project(measure, u.double() + 2j * u.double().flip(-1), 6, 0.1)
+    torch.testing.assert_close(cc, ref + 2j * hippo_project(measure, u.double().flip(-1), 6, 0.1), rtol=0, atol=1e-12)
+    x = torch.linspace(0, 1, 5)
+    assert hippo_reconstruct(measure, c[..., -1], x).dtype == torch.float32
+    assert hippo_reconstruct(measure, torch.tensor([1, 0, 2]), x).dtype == torch.float32  # integer coefficients are not truncated

@@ -1,6 +1,7 @@
 """Bad input to every exported function of notebook 01 raises a clear error naming the argument."""
 import pytest, torch
-from ssm_course.ssm import basis_functions, impulse_response, random_ssm, state_transition, step_response, spectral_abscissa, is_stable
+import numpy as np
+from ssm_course.ssm import matrix_exp, basis_functions, impulse_response, random_ssm, state_transition, step_response, spectral_abscissa, is_stable
 
 A, B, C, D = random_ssm(3)
 t = torch.linspace(0, 1, 5, dtype=torch.float64)
@@ -19,6 +20,16 @@ CASES = [
     (spectral_abscissa, (A[0],), ValueError, "A"),
     (is_stable, (torch.zeros(2, 3),), ValueError, "A"),
     (random_ssm, (0,), ValueError, "N"),
+    (random_ssm, (2.5,), TypeError, "N"),
+    (random_ssm, (True,), TypeError, "N"),
+    (random_ssm, (3, True, 0.1, -1), ValueError, "seed"),
+    (matrix_exp, (torch.zeros(2, 3),), ValueError, "M"),
+    (state_transition, (A, t * 1j), TypeError, "t"),
+    (spectral_abscissa, (torch.zeros(0, 0),), ValueError, "A"),
+    (basis_functions, (A.expand(2, 3, 3), B.expand(3, 3), t), ValueError, "B"),
+    (impulse_response, (A.expand(2, 3, 3), B, C.expand(3, 3), t), ValueError, "C"),
+    (step_response, (A.expand(2, 3, 3), B, C, t, torch.zeros(3)), ValueError, "D"),
+    (step_response, (A, B, C, t, "0"), TypeError, "D"),
 ]
 
 
@@ -37,3 +48,24 @@ def test_float32_and_batches():
     Ab = torch.stack([A, 2 * A])
     assert impulse_response(Ab, B, C, t).shape == (2, 5)
     assert step_response(Ab, B, C, t, torch.tensor([0.0, 1.0], dtype=torch.float64)).shape == (2, 5)
+
+
+def test_numpy_size():
+    for x, y in zip(random_ssm(np.int64(4), seed=np.int64(2)), random_ssm(4, seed=2)): assert torch.equal(x, y)
+
+
+def test_complex_and_integer_inputs_promote():
+    "A complex B or C with a real A keeps its imaginary part; integer A is computed in float; half in float32."
+    Bc = B + 1j * torch.flip(B, [0])
+    E = basis_functions(A, Bc, t)
+    assert E.dtype == torch.complex128
+    torch.testing.assert_close(E, basis_functions(A, B, t) + 1j * basis_functions(A, torch.flip(B, [0]), t), rtol=0, atol=1e-14)
+    h = impulse_response(A, B, 1j * C, t)
+    torch.testing.assert_close(h, 1j * impulse_response(A, B, C, t), rtol=0, atol=1e-14)
+    y = step_response(A, Bc, C, t, 1j)
+    torch.testing.assert_close(y, step_response(A, B, C, t) + 1j * (step_response(A, torch.flip(B, [0]), C, t) + 1), rtol=0, atol=1e-13)
+    Ai = -torch.eye(2, dtype=torch.int64)
+    torch.testing.assert_close(state_transition(Ai, t), state_transition(Ai.float(), t))
+    assert spectral_abscissa(Ai).item() == -1.0 and bool(is_stable(Ai))
+    Ah = A.half()
+    assert torch.equal(impulse_response(Ah, B.half(), C.half(), t.half()), impulse_response(Ah.float(), B.half().float(), C.half().float(), t.half().float()).half())
