@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH)' | tr -c 'A-Za-z0-9.=\n' '_')
 export PYTHONHASHSEED := 0
+# The most seconds one notebook may take in test mode (`make test NB_MAX_SECONDS=...` to change it).
+NB_MAX_SECONDS ?= 60
 
 .PHONY: test docs lab bench clean install test-triton36
 
@@ -22,10 +24,10 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	@echo "== 1/3 notebooks clean (nbdev-clean) and package in sync (nbdev-export)"
 	@$(PY) tests/check_sync.py || { echo "make test FAILED at step 1/3: run nbdev-clean and nbdev-export, then commit"; exit 1; }
-	@echo "== 2/3 nbdev-test: run every notebook (slow and gpu cells skipped)"
-	@OMP_NUM_THREADS=1 MPLBACKEND=Agg $(VENV)/bin/nbdev-test --n-workers 2 --timing || { echo "make test FAILED at step 2/3: nbdev-test (a notebook raised, see above)"; exit 1; }
+	@echo "== 2/3 nbdev-test: run every notebook (slow and gpu cells skipped), each within $(NB_MAX_SECONDS) s"
+	@OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) tests/notebook_times.py --max-seconds $(NB_MAX_SECONDS) --n-workers 2 || { echo "make test FAILED at step 2/3: nbdev-test (a notebook raised or ran over $(NB_MAX_SECONDS) s, see above)"; exit 1; }
 	@echo "== 3/3 pytest tests/"
-	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests -n 2 --dist loadfile -q || { echo "make test FAILED at step 3/3: pytest"; exit 1; }
+	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests -n 2 --dist loadfile -q --durations=10 || { echo "make test FAILED at step 3/3: pytest"; exit 1; }
 
 docs: $(STAMP)
 	$(PY) docs/build.py --out _docs --readme README.md
@@ -40,7 +42,7 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) -m ssm_course.bench --out bench/results/cpu-full-$$(date +%F).json
 
-# The Triton kernels' interpreter tests against Triton 3.6 (whose interpreter needs NumPy < 2.4), side by side with the installed one.
+# The Triton kernels' interpreter tests and the sm_80/sm_90 compile test against Triton 3.6 (whose interpreter needs NumPy < 2.4), side by side with the installed one.
 test-triton36: $(STAMP)
 	$(PY) -m pip install -q --target .triton36 --no-deps "triton==3.6.0" "numpy<2.4"
-	PYTHONPATH=.triton36 OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests/test_triton.py -q -n 2
+	PYTHONPATH=.triton36 OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests/test_triton.py tests/test_triton_ssm.py tests/test_compile.py -q -n 2

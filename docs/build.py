@@ -1,14 +1,18 @@
 """Render the course as a static HTML site, offline, without Quarto.
 
 nbdev's `proc_nbs` processes the notebooks exactly as it does for `nbdev-docs` (show_doc,
-`#| hide`, `#| echo: false`, `#| include: false`, `#| code-fold`, ...); this script turns each
-processed notebook into Markdown, honouring the Quarto cell options that remain, and pandoc
-turns that into HTML with MathML math (typeset by the browser, no JavaScript, no network).
+`#| hide`, `#| echo: false`, `#| include: false`, ...); this script turns each processed notebook
+into Markdown, honouring the Quarto cell options that remain (`fig-cap`, `fig-alt`, `code-fold`,
+`code-summary`, `output`), and pandoc turns that into HTML with MathML math, typeset by the browser
+with the bundled STIX Two Math font. Pages need no network and no JavaScript; `site.js` only adds
+copy buttons and live search results (MiniSearch over an index prebuilt here).
 
     python docs/build.py --out _docs            # the site
     python docs/build.py --readme README.md     # README.md from nbs/index.ipynb
 """
-import argparse, base64, html, json, os, re, shutil, subprocess, sys
+import argparse, base64, html, json, os, re, shutil, string, subprocess, sys, tempfile
+from concurrent.futures import ThreadPoolExecutor
+from html.parser import HTMLParser
 from pathlib import Path
 
 import yaml
@@ -16,8 +20,13 @@ import pypandoc
 from nbdev.config import get_config
 
 HERE = Path(__file__).resolve().parent
-_re_directive = re.compile(r"^\s*#\|\s*([\w-]+)\s*:\s*(.*?)\s*$")
+ROOT = HERE.parent
+# Copied into the site as they are (docs/THIRD_PARTY.md says where the font and MiniSearch come from).
+ASSETS = ["site.js", "fonts/STIXTwoMath-Regular.woff2", "fonts/OFL.txt", "vendor/minisearch.js", "vendor/minisearch-LICENSE.txt"]
+CODE_BG = "#f6f8fa"  # the code-cell background in style.css; token colours are darkened to 4.5:1 on it
+MIN_CONTRAST = 4.5   # WCAG 2 AA for normal text
 _re_nb_link = re.compile(r"\]\((?:\./)?(\d+[a-z]?_[\w-]+|index)\.ipynb(#[\w-]*)?\)")
+_re_img_token = re.compile(r"ssm-img:(\d+)")
 
 
 def page_name(nb: Path) -> str:
@@ -31,13 +40,20 @@ def notebooks(nbs_path: Path):
     return sorted(nbs, key=lambda p: (p.name != "index.ipynb", p.name))
 
 
-def _directives(src: str):
-    "Split the leading `#| key: value` Quarto options off a code cell's source."
-    opts, lines = {}, src.splitlines()
-    while lines and (m := _re_directive.match(lines[0])):
-        opts[m[1]] = m[2].strip("'\"")
-        lines.pop(0)
-    return opts, "\n".join(lines).strip("\n")
+# ---------------------------------------------------------------- notebook -> Markdown
+def cell_options(src: str):
+    "Split the leading `#| key: value` Quarto options off a code cell; the values are YAML, as Quarto reads them."
+    lines = src.splitlines()
+    n = next((i for i, l in enumerate(lines) if not l.lstrip().startswith("#|")), len(lines))
+    opt_lines = [re.sub(r"^\s*#\|\s?", "", l) for l in lines[:n]]
+    try: opts = yaml.safe_load("\n".join(opt_lines)) or {}
+    except yaml.YAMLError: opts = None
+    if not isinstance(opts, dict):  # not valid YAML (e.g. an unquoted `: `): one option per line, as nbdev reads them
+        opts = {}
+        for l in opt_lines:
+            k, sep, v = l.partition(":")
+            if sep: opts[k.strip()] = v.strip().strip("'\"")
+    return opts, "\n".join(lines[n:]).strip("\n")
 
 
 def _text(v): return "".join(v) if isinstance(v, list) else v
@@ -48,16 +64,50 @@ def _fence(text: str, lang: str = "") -> str:
     return f"{ticks}{lang}\n{text.rstrip()}\n{ticks}"
 
 
-def _output_md(o, asis=False) -> str:
+def _plain(md: str) -> str:
+    "Markdown (a caption) as plain text for an `alt` attribute: no `$`, backticks or emphasis marks."
+    return re.sub(r"\s+", " ", re.sub(r"[$`*]", "", md)).strip()
+
+
+def _nth(v, i):
+    "Option value for the i-th figure of a cell: Quarto allows one value or a list, one per figure."
+    if isinstance(v, list): return v[i] if i < len(v) else None
+    return v
+
+
+class Images:
+    "Figures collected while writing Markdown; pandoc sees a short token instead of megabytes of base64."
+    def __init__(self, inline=False): self.data, self.inline = [], inline
+    def src(self, mime, b64):
+        uri = f"data:{mime};base64,{b64}"
+        if self.inline: return uri
+        self.data.append(uri)
+        return f"ssm-img:{len(self.data) - 1}"
+    def restore(self, s: str) -> str: return _re_img_token.sub(lambda m: self.data[int(m[1])], s)
+
+
+def figure_html(src, alt, caption=None, width=None, height=None) -> str:
+    "A figure with real alt text, its intended display size (retina PNGs are shown at half their pixels) and a caption."
+    size = (f' width="{int(width)}"' if width else "") + (f' height="{int(height)}"' if height else "")
+    img = f'<img src="{src}" alt="{html.escape(alt, quote=True)}"{size}>'
+    cap = f"<figcaption>\n{caption}\n</figcaption>\n" if caption else ""
+    return f'<figure class="figure">\n{img}\n{cap}</figure>'
+
+
+def _output_md(o, images: Images, fig: dict, asis=False) -> str:
     "Markdown for one cell output, choosing the richest representation pandoc can use."
     kind = o.get("output_type")
     if kind == "stream": return _fence(_text(o["text"]), "text")
     if kind == "error": return _fence(re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(o.get("traceback", []))), "text")
     d = o.get("data", {})
-    if "image/png" in d:
-        return f'<img src="data:image/png;base64,{_text(d["image/png"]).strip()}" alt="figure" class="figure">'
-    if "image/svg+xml" in d:
-        return '<img src="data:image/svg+xml;base64,' + base64.b64encode(_text(d["image/svg+xml"]).encode()).decode() + '" alt="figure" class="figure">'
+    for mime in ("image/png", "image/jpeg", "image/svg+xml"):
+        if mime not in d: continue
+        i = fig["n"]; fig["n"] += 1
+        cap, alt = _nth(fig.get("fig-cap"), i), _nth(fig.get("fig-alt"), i)
+        b64 = _text(d[mime]).strip() if mime != "image/svg+xml" else base64.b64encode(_text(d[mime]).encode()).decode()
+        meta = o.get("metadata", {}).get(mime, {})
+        return figure_html(images.src(mime, b64), str(alt or _plain(str(cap or "")) or "figure"),
+                           str(cap) if cap else None, meta.get("width"), meta.get("height"))
     if "text/markdown" in d: return _text(d["text/markdown"])
     if "text/html" in d: return '<div class="cell-output-html">\n' + _text(d["text/html"]) + "\n</div>"
     if "text/latex" in d: return _text(d["text/latex"])
@@ -75,7 +125,77 @@ def _merge_streams(outputs):
     return res
 
 
-def nb_to_markdown(nb: dict, link_fn, wrap_outputs=True) -> tuple[dict, str]:
+# ---------------------------------------------------------------- show_doc entries
+def _split_top(s: str, sep: str):
+    "Split `s` at `sep` characters outside brackets and quotes; yields (piece, separator found)."
+    depth, quote, start = 0, None, 0
+    for i, ch in enumerate(s):
+        if quote:
+            if ch == quote and s[i - 1] != "\\": quote = None
+        elif ch in "'\"": quote = ch
+        elif ch in "([{": depth += 1
+        elif ch in ")]}": depth -= 1
+        elif ch == sep and depth == 0:
+            yield s[start:i], True; start = i + 1
+    yield s[start:], False
+
+
+def _code_and_comment(line: str):
+    "A signature line's code and its docments comment (the first `#` outside quotes and brackets)."
+    pieces = list(_split_top(line, "#"))
+    return pieces[0][0], "#".join(p for p, _ in pieces[1:]) if len(pieces) > 1 else None
+
+
+def one_param_per_line(sig: str) -> str:
+    "Reformat a show_doc signature so that each parameter has its own line (its comment, if any, stays with it)."
+    lines = sig.split("\n")
+    if len(lines) < 3 or not lines[0].endswith("("): return sig
+    head, body, tail = lines[0], lines[1:], []
+    while body and not body[-1].startswith("    "): tail.insert(0, body.pop())
+    out = []
+    for line in body:
+        content = line[4:]
+        if content.startswith("#"): out.append(line); continue  # a comment's continuation line
+        code, comment = _code_and_comment(content)
+        params = [p.strip() for p, _ in _split_top(code.rstrip().rstrip(","), ",") if p.strip()]
+        for j, p in enumerate(params):
+            last = j == len(params) - 1
+            out.append(f"    {p}," + (f" #{comment}" if comment is not None and last else ""))
+    if out and out[-1].endswith(",") and not body[-1].rstrip().endswith(","): out[-1] = out[-1][:-1]
+    return "\n".join([head, *out, *tail])
+
+
+def _is_class(source_url: str) -> bool:
+    "Does nbdev's source link (`.../blob/<branch>/<path>#L<n>`) point at a `class` statement in this checkout?"
+    m = re.search(r"/blob/[^/]+/(.+?)#L(\d+)$", source_url)
+    if not m or not (ROOT / m[1]).is_file(): return False
+    lines = (ROOT / m[1]).read_text().splitlines()[int(m[2]) - 1:]
+    stmt = next((l.strip() for l in lines if l.strip() and not l.strip().startswith("@")), "")
+    return stmt.startswith("class ")
+
+
+_re_showdoc = re.compile(r"\A\s*---\s*\n+\[source\]\((?P<url>[^)]+)\)\{[^}]*\}\s*\n+(?P<h>#{2,6}) (?P<name>[^\n]+)\n+"
+                         r"```python\n(?P<sig>.*?)\n```[ \t]*\n?(?P<rest>.*)\Z", re.S)
+
+
+def api_entry(md: str) -> str:
+    """Tidy one show_doc entry: `class` for classes, one parameter per line, `=None` for unannotated None defaults,
+    the source link under the heading, and the docstring's first line without nbdev's `*...*` wrapper
+    (which a `*` in the docstring would end early)."""
+    m = _re_showdoc.match(md)
+    if not m: return md
+    sig = m["sig"]
+    if _is_class(m["url"]): sig = re.sub(r"^def ", "class ", sig)
+    sig = one_param_per_line(re.sub(r":\s*NoneType\s*=\s*None\b", "=None", sig))
+    rest = m["rest"].lstrip("\n")
+    first, nl, after = rest.partition("\n")
+    if len(first.strip()) > 2 and first.lstrip().startswith("*") and first.rstrip().endswith("*"):
+        rest = f"::: {{.doc-summary}}\n{first.strip()[1:-1]}\n:::\n{nl}{after}"
+    return (f"{m['h']} {m['name']} {{.api}}\n\n[source]({m['url']}){{.api-source}}\n\n"
+            f"```python\n{sig}\n```\n\n{rest}")
+
+
+def nb_to_markdown(nb: dict, link_fn, images: Images, wrap_outputs=True) -> tuple[dict, str]:
     "Frontmatter and Markdown body of a processed notebook."
     meta, parts = {}, []
     for cell in nb["cells"]:
@@ -88,19 +208,27 @@ def nb_to_markdown(nb: dict, link_fn, wrap_outputs=True) -> tuple[dict, str]:
             if src.strip().startswith("<!-- WARNING: THIS FILE WAS AUTOGENERATED"): continue
             parts.append(link_fn(src))
             continue
-        opts, code = _directives(src)
-        if opts.get("include") == "false": continue
+        opts, code = cell_options(src)
+        if str(opts.get("include")).lower() == "false": continue
         out = []
-        if code and opts.get("echo") != "false":
+        if code and str(opts.get("echo")).lower() != "false":
             block = _fence(code, "python")
-            if "code-fold" in opts:
-                summary = html.escape(opts.get("code-summary", "Code"))
-                block = f"<details class=\"code-fold\"{' open' if opts['code-fold'] == 'show' else ''}><summary>{summary}</summary>\n\n{block}\n\n</details>"
+            fold = opts.get("code-fold")
+            if fold not in (None, False, "false"):
+                summary = html.escape(str(opts.get("code-summary", "Code")))
+                block = f"<details class=\"code-fold\"{' open' if fold == 'show' else ''}><summary>{summary}</summary>\n\n{block}\n\n</details>"
             out.append(block)
-        if opts.get("output") != "false":
-            outs = [_output_md(o, asis=opts.get("output") == "asis") for o in _merge_streams(cell.get("outputs", []))]
-            outs = [link_fn(o) if opts.get("output") == "asis" else o for o in outs if o]
-            if outs and wrap_outputs: out.append('<div class="cell-output">\n\n' + "\n\n".join(outs) + "\n\n</div>")
+        if str(opts.get("output")).lower() != "false":
+            asis = opts.get("output") == "asis"
+            fig = {"n": 0, "fig-cap": opts.get("fig-cap"), "fig-alt": opts.get("fig-alt")}
+            outs = []
+            for o in _merge_streams(cell.get("outputs", [])):
+                md = _output_md(o, images, fig, asis=asis)
+                if not md: continue
+                if asis and re.match(r"\s*show_doc\(", code): md = api_entry(md)
+                if asis or "text/markdown" in o.get("data", {}) or "text/html" in o.get("data", {}): md = link_fn(md)
+                outs.append(md)
+            if outs and wrap_outputs and not asis: out.append('<div class="cell-output">\n\n' + "\n\n".join(outs) + "\n\n</div>")
             elif outs: out.extend(outs)
         if out: parts.append("\n\n".join(out))
     return meta, "\n\n".join(parts) + "\n"
@@ -118,7 +246,7 @@ def _link_rewriter(doc_url: str, target: str):
     return fn
 
 
-def process(cfg, n_workers=1):
+def process(cfg, n_workers=0):
     "Run nbdev's notebook processing (the same as `nbdev-docs` does before Quarto); return the cache folder."
     import nbdev.doclinks
     from nbdev.serve import proc_nbs
@@ -127,45 +255,197 @@ def process(cfg, n_workers=1):
     return Path(proc_nbs(str(cfg.nbs_path), n_workers=n_workers))
 
 
+# ---------------------------------------------------------------- code colours
+def _luminance(hex_colour: str) -> float:
+    "WCAG 2 relative luminance of `#rrggbb`."
+    c = [int(hex_colour.lstrip("#")[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+    r, g, b = (v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in c)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(fg: str, bg: str) -> float:
+    "WCAG 2 contrast ratio of two `#rrggbb` colours."
+    a, b = sorted((_luminance(fg), _luminance(bg)), reverse=True)
+    return (a + 0.05) / (b + 0.05)
+
+
+def _darken(colour: str, bg: str, target: float) -> str:
+    "`colour` mixed with black in small steps until its contrast on `bg` reaches `target` (the hue is kept)."
+    rgb = [int(colour.lstrip("#")[i:i + 2], 16) for i in (0, 2, 4)]
+    for k in range(101):
+        c = "#" + "".join(f"{round(v * (1 - k / 100)):02x}" for v in rgb)
+        if contrast(c, bg) >= target: return c
+    return "#000000"
+
+
+def highlight_theme(path: Path, base="pygments", bg=CODE_BG, target=MIN_CONTRAST + 0.1) -> Path:
+    "Pandoc's `base` highlighting theme with every token colour darkened to `target` contrast on `bg`; written to `path`."
+    theme = json.loads(subprocess.run([pypandoc.get_pandoc_path(), "--print-highlight-style", base],
+                                      capture_output=True, text=True, check=True).stdout)
+    for style in theme["text-styles"].values():
+        if style.get("text-color"): style["text-color"] = _darken(style["text-color"], bg, target)
+    path.write_text(json.dumps(theme, indent=1))
+    return path
+
+
+# ---------------------------------------------------------------- HTML pages
+PAGE = string.Template((HERE / "template.html").read_text())
+# Pandoc renders the pieces; Python puts them into template.html.
+_FRAGMENT = "$title$\n<!--ssm-split-->\n$description$\n<!--ssm-split-->\n$table-of-contents$\n<!--ssm-split-->\n$body$\n"
+
+
+def _pandoc_html(md: str, theme: Path, fragment: Path) -> list[str]:
+    "Title, description, table of contents and body of a Markdown page, as HTML with MathML."
+    args = ["--standalone", f"--template={fragment}", "--mathml", "--toc", "--toc-depth=3", "--section-divs",
+            f"--syntax-highlighting={theme}", "--wrap=none"]
+    return [s.strip() for s in pypandoc.convert_text(md, "html5", format="markdown", extra_args=args).split("<!--ssm-split-->")]
+
+
 def _yaml_header(meta):
     "A YAML block carrying the page's title and description, so that pandoc parses them as Markdown (math included)."
     keep = {k: meta[k] for k in ("title", "description") if meta.get(k)}
     return "---\n" + yaml.safe_dump(keep, allow_unicode=True) + "---\n\n" if keep else ""
 
 
-def sidebar_html(pages, current):
+def nav_html(pages, current):
+    "The course's pages as a list, the current one marked for browsers and screen readers."
     items = []
-    for name, title in pages:
-        cls = ' class="active"' if name == current else ""
-        items.append(f'<li{cls}><a href="{name}">{html.escape(title)}</a></li>')
+    for p in pages:
+        cur = p["name"] == current
+        li, aria = (' class="active"', ' aria-current="page"') if cur else ("", "")
+        num = f'<span class="num">{p["num"]}</span> ' if p["num"] else ""
+        items.append(f'<li{li}><a href="{p["name"]}"{aria}>{num}{html.escape(p["label"])}</a></li>')
     return '<ul class="nav">\n' + "\n".join(items) + "\n</ul>"
 
 
-def build_site(out: Path, n_workers=1):
+def _permalinks(body: str) -> str:
+    "A `#` link in each section heading, pointing at the section (pandoc puts the id on the `<section>`)."
+    pat = re.compile(r'(<section id="(?P<id>[^"]+)"[^>]*>\s*<h(?P<lvl>[1-6])[^>]*>)(?P<text>.*?)</h(?P=lvl)>', re.S)
+    return pat.sub(lambda m: f'{m[1]}{m["text"]} <a class="anchor" href="#{m["id"]}" aria-label="Link to this section">#</a></h{m["lvl"]}>', body)
+
+
+def _strip_toc_ids(toc: str) -> str:
+    "The table of contents appears twice (side panel and phone menu): drop pandoc's `toc-...` ids so ids stay unique."
+    return re.sub(r'\s+id="toc-[^"]*"', "", toc)
+
+
+def render_page(page, pages, i, cfg, theme, fragment) -> str:
+    "One finished HTML page."
+    md, images = page["md"], page["images"]
+    title, description, toc, body = _pandoc_html(md, theme, fragment)
+    body = images.restore(_permalinks(body))
+    nb = page["nb"]
+    colab = f"https://colab.research.google.com/github/{cfg.user}/{cfg.repo}/blob/{cfg.branch}/{cfg.nbs_path.name}/{nb.name}"
+    source = (f'Source notebook: <a href="nbs/{nb.name}" download>{cfg.nbs_path.name}/{nb.name}</a>'
+              f' (open it in Jupyter: <code>make lab</code>) · <a href="{colab}">Open in Colab</a>')
+    toc = _strip_toc_ids(toc)
+    prev_ = f'<a class="prev" rel="prev" href="{pages[i-1]["name"]}">← {html.escape(pages[i-1]["label"])}</a>' if i > 0 else "<span></span>"
+    next_ = f'<a class="next" rel="next" href="{pages[i+1]["name"]}">{html.escape(pages[i+1]["label"])} →</a>' if i + 1 < len(pages) else ""
+    plain_title = _plain(page["meta"].get("title", nb.stem))
+    head_title = cfg.title if plain_title == cfg.title else f"{plain_title} – {cfg.title}"
+    desc = _plain(str(page["meta"].get("description", "")))
+    return PAGE.substitute(
+        head_title=html.escape(head_title), meta_description=html.escape(desc, quote=True),
+        site_title=html.escape(cfg.title), nav=nav_html(pages, page["name"]), title=title,
+        description=f'<p class="description">{description}</p>' if description else "", source=source,
+        toc=f'<nav class="toc" aria-label="On this page"><p>On this page</p>\n{toc}\n</nav>' if toc else "",
+        toc_mobile=f'<details class="toc-mobile"><summary>On this page</summary>\n{toc}\n</details>' if toc else "",
+        body=body, prev=prev_, next=next_)
+
+
+# ---------------------------------------------------------------- search
+class _Sections(HTMLParser):
+    "Split a rendered page into searchable sections: anchor, heading, prose and formulas' TeX (code and outputs left out)."
+    void = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+    skipped = {"pre", "math", "script", "style", "figure"}
+    def __init__(self):
+        super().__init__(); self.docs = [{"a": "", "t": "", "x": []}]; self.open = []
+    def handle_starttag(self, tag, attrs):
+        if tag in self.void: return
+        a = dict(attrs); cls = set((a.get("class") or "").split())
+        skip = tag in self.skipped or bool(cls & {"anchor", "cell-output", "api-source"})
+        self.open.append((tag, skip, a.get("id") if tag == "section" else None))
+        if re.fullmatch(r"h[1-6]", tag):
+            self.docs.append({"a": next((i for _, _, i in reversed(self.open) if i), ""), "t": "", "x": []})
+    def handle_endtag(self, tag):
+        if any(t == tag for t, _, _ in self.open):
+            while self.open.pop()[0] != tag: pass
+    def handle_data(self, data):
+        skipping = [t for t, s, _ in self.open if s]
+        if skipping and not (skipping == ["math"] and self.open[-1][0] == "annotation"): return  # a formula: its TeX
+        d = self.docs[-1]
+        if any(re.fullmatch(r"h[1-6]", t) for t, _, _ in self.open): d["t"] += data
+        else: d["x"].append(data)
+
+
+def search_docs(pages, out: Path):
+    "The search index: one record per section of every page (heading, page, anchor, prose)."
+    docs = []
+    for p in pages:
+        article = re.search(r"<article>(.*)</article>", (out / p["name"]).read_text(), re.S)[1]
+        parser = _Sections(); parser.feed(article)
+        for d in parser.docs:
+            text = re.sub(r"\s+", " ", "".join(d["x"])).strip()
+            title = re.sub(r"\s+", " ", d["t"]).strip() or p["label"]
+            if not (text or d["a"]): continue
+            docs.append({"id": len(docs), "p": p["name"], "a": d["a"], "pt": p["label"], "t": title, "x": text})
+    return docs
+
+
+def write_search(pages, out: Path, cfg, nav_pages):
+    "search-index.js (the index inlined, as file:// pages cannot fetch JSON) and search.html (all sections, for readers without JavaScript)."
+    docs = search_docs(pages, out)
+    (out / "search-index.js").write_text("// Generated by docs/build.py: every section of every page, for site.js's search.\n"
+                                         "window.SSM_SEARCH_DOCS = " + json.dumps(docs, ensure_ascii=False, separators=(",", ":")) + ";\n")
+    items, cur = [], None
+    for d in docs:
+        if d["p"] != cur:
+            if cur: items.append("</ul></li>")
+            cur = d["p"]; items.append(f'<li><a href="{d["p"]}">{html.escape(d["pt"])}</a><ul>')
+        if d["a"]: items.append(f'<li><a href="{d["p"]}#{d["a"]}">{html.escape(d["t"])}</a></li>')
+    items.append("</ul></li>")
+    body = ('<div id="search-results" aria-live="polite"></div>\n'
+            '<section id="all-sections"><h2>All sections</h2>\n<p>Every section of every page; use your browser\'s find (Ctrl+F) '
+            'to search them without JavaScript.</p>\n<ul class="sitemap">\n' + "\n".join(items) + "\n</ul></section>")
+    (out / "search.html").write_text(PAGE.substitute(
+        head_title=f"Search – {html.escape(cfg.title)}", meta_description="Search the course", site_title=html.escape(cfg.title),
+        nav=nav_html(nav_pages, None), title="Search", description="", source="", toc="", toc_mobile="", body=body,
+        prev="<span></span>", next=""))
+    return docs
+
+
+# ---------------------------------------------------------------- the site
+def build_site(out: Path, n_workers=0):
     cfg = get_config()
     cache = process(cfg, n_workers)
-    nbs = notebooks(cfg.nbs_path)
     link_fn = _link_rewriter(cfg.doc_url, "site")
-    docs = []
-    for nb in nbs:
-        meta, body = nb_to_markdown(json.loads((cache / nb.name).read_text()), link_fn)
-        docs.append((nb, meta, body))
-    pages = [(page_name(nb), meta.get("title", nb.stem)) for nb, meta, _ in docs]
+    pages = []
+    for nb in notebooks(cfg.nbs_path):
+        images = Images()
+        meta, body = nb_to_markdown(json.loads((cache / nb.name).read_text()), link_fn, images)
+        num = re.match(r"(\d+[a-z]?)_", nb.name)
+        label = "Overview" if nb.name == cfg.readme_nb else meta.get("title", nb.stem)
+        pages.append(dict(nb=nb, meta=meta, md=_yaml_header(meta) + body, images=images, name=page_name(nb),
+                          label=_plain(str(label)), num=num[1] if num else ""))
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(HERE / "style.css", out / "style.css")
-    for i, (nb, meta, body) in enumerate(docs):
-        name = page_name(nb)
-        prev_next = []
-        if i > 0: prev_next.append(f"--metadata=prev-page:{pages[i-1][0]}")
-        if i > 0: prev_next.append(f"--metadata=prev-title:{pages[i-1][1]}")
-        if i + 1 < len(pages): prev_next.append(f"--metadata=next-page:{pages[i+1][0]}")
-        if i + 1 < len(pages): prev_next.append(f"--metadata=next-title:{pages[i+1][1]}")
-        args = ["--standalone", "--mathml", "--toc", "--toc-depth=2", "--section-divs",
-                f"--template={HERE / 'template.html'}", "--syntax-highlighting=pygments",
-                f"--metadata=pagetitle:{meta.get('title', nb.stem)}", f"--metadata=site-title:{cfg.title}",
-                f"--variable=sidebar:{sidebar_html(pages, name)}", f"--metadata=source:{cfg.nbs_path.name}/{nb.name}", *prev_next]
-        pypandoc.convert_text(_yaml_header(meta) + body, "html5", format="markdown", extra_args=args, outputfile=str(out / name))
+    for a in ASSETS:
+        (out / a).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(HERE / a, out / a)
+    (out / "nbs").mkdir(exist_ok=True)
+    for p in pages: shutil.copy(p["nb"], out / "nbs" / p["nb"].name)  # "Source notebook" links work offline and online
+    with tempfile.TemporaryDirectory() as tmp:
+        theme, fragment = highlight_theme(Path(tmp) / "code.theme"), Path(tmp) / "fragment.html"
+        fragment.write_text(_FRAGMENT)
+        (css_tpl := Path(tmp) / "css.html").write_text("$highlighting-css$\n")
+        css = pypandoc.convert_text("```python\nx = 1\n```", "html5", format="markdown",
+                                    extra_args=["--standalone", f"--template={css_tpl}", f"--syntax-highlighting={theme}"])
+        (out / "style.css").write_text((HERE / "style.css").read_text() + "\n/* code colours: pandoc's pygments theme, darkened to "
+                                       f"{MIN_CONTRAST}:1 on {CODE_BG} by docs/build.py */\n" + css)
+        with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as ex:  # pandoc runs as a subprocess: threads suffice
+            htmls = list(ex.map(lambda i: render_page(pages[i], pages, i, cfg, theme, fragment), range(len(pages))))
+    for p, s in zip(pages, htmls): (out / p["name"]).write_text(s)
     _unlink_missing_anchors(out)
+    write_search(pages, out, cfg, pages)
     return out
 
 
@@ -183,7 +463,8 @@ def build_readme(dest: Path):
     "Write README.md from the landing notebook, as `nbdev-readme` does with Quarto."
     cfg = get_config()
     cache = process(cfg)
-    meta, body = nb_to_markdown(json.loads((cache / cfg.readme_nb).read_text()), _link_rewriter(cfg.doc_url, "readme"), wrap_outputs=False)
+    meta, body = nb_to_markdown(json.loads((cache / cfg.readme_nb).read_text()), _link_rewriter(cfg.doc_url, "readme"),
+                                Images(inline=True), wrap_outputs=False)
     head = f"# {meta.get('title', cfg.title)}\n\n" + (f"> {meta['description']}\n\n" if meta.get("description") else "")
     md = pypandoc.convert_text(head + body, "gfm", format="markdown", extra_args=["--wrap=preserve"])
     text = "<!-- WARNING: generated from nbs/index.ipynb by `make docs`; edit the notebook, not this file. -->\n\n" + md
@@ -195,7 +476,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="folder to write the site to")
     ap.add_argument("--readme", type=Path, help="path to write README.md to")
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=0,
+                    help="processes for nbdev's notebook processing (0: in this process, the fastest for this course: one torch import)")
     a = ap.parse_args()
     if not (a.out or a.readme): ap.error("give --out and/or --readme")
     out, readme = (p.resolve() if p else None for p in (a.out, a.readme))
