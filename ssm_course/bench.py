@@ -84,7 +84,9 @@ class Case:
     refs:dict=field(default_factory=dict) # name -> callable giving that implementation's reference (default: ours' output)
     ours:list|None=None # our implementations (default: the first)
     target:bool=True # whether a library peer exists, so that the target ours / best peer <= 0.8 applies
-    def __post_init__(self): self.ours = self.ours or [next(iter(self.fns))]
+    def __post_init__(self):
+        "Ours defaults to the first implementation."
+        self.ours = self.ours or [next(iter(self.fns))]
 
 def rel_diff(x, # an output in our layout (tensor or array)
              ref:torch.Tensor, # its reference
@@ -100,7 +102,9 @@ def _peer(module:str, # the module to import
     try: return getattr(__import__(module, fromlist=[attr]), attr)
     except ImportError: return None
 
-def _gen(seed): return torch.Generator().manual_seed(seed)
+def _gen(seed:int)->torch.Generator:
+    "A seeded CPU generator: every case draws the same inputs on every run."
+    return torch.Generator().manual_seed(seed)
 
 # %% ../nbs/14_benchmarks.ipynb #a4bf40c7
 def case_scan(quick:bool=False, # tiny shapes
@@ -236,7 +240,10 @@ def _step_reference(m:torch.nn.Module, # a layer with `initial_state` and `step`
         ys.append(y)
     return torch.stack(ys, 1)
 
-def _lstm_reference(lstm, x, steps):
+def _lstm_reference(lstm:torch.nn.LSTM, # batch-first LSTM
+                    x:torch.Tensor, # (batch, length, d_model)
+                    steps:int, # how many steps to run
+                   )->torch.Tensor: # (batch, steps, d_model), float64
     "`torch.nn.LSTM` one step at a time, in float64."
     ld, hc, ys = copy.deepcopy(lstm).double(), None, []
     for t in range(steps):
@@ -326,7 +333,12 @@ def run(quick:bool=False, # tiny shapes and one short round: checks the machiner
     return res
 
 # %% ../nbs/14_benchmarks.ipynb #b8773340
-def _fmt(d:dict|None, k:str, spec:str)->str: return format(d[k], spec) if d and k in d else ""
+def _fmt(d:dict|None, # a column of a case record
+         k:str, # the implementation
+         spec:str, # format spec
+        )->str:
+    "`d[k]` formatted with `spec`, or an empty cell."
+    return format(d[k], spec) if d and k in d else ""
 
 def table(res:dict, # `run`'s results
          )->str: # markdown
