@@ -35,3 +35,14 @@ def test_disagreeing_implementation_is_not_timed():
     assert not rec["agree"] and set(rec["seconds"]) == {"ours", "good"} and rec["best_peer"] == "good"
     assert abs(rec["max_rel_diff"]["peer"] - 2 / 3) < 1e-6 and rec["max_rel_diff"]["good"] == 0
     assert set(rec["pct_copy"]) == {"ours", "good"}
+
+
+def test_cli_exits_1_when_an_implementation_disagrees(monkeypatch, tmp_path, capsys):
+    import pytest
+    import ssm_course.bench as bench
+    toy = lambda quick: Case("toy", {"ours": lambda: torch.ones(3), "wrong": lambda: torch.zeros(3)}, tol=1e-6)
+    monkeypatch.setattr(bench, "CASES", [toy])
+    with pytest.raises(SystemExit) as e: bench.main(["--quick", "--out", str(tmp_path / "r.json")])
+    assert "DISAGREE" in str(e.value.code) and "wrong" in str(e.value.code)  # a string code: exit status 1
+    res = json.loads((tmp_path / "r.json").read_text())  # the results are still written, with the disagreement recorded
+    assert res["cases"][0]["agree"] is False and "wrong" not in res["cases"][0]["seconds"]
