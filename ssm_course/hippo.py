@@ -90,7 +90,7 @@ def hippo_basis(
 # %% ../nbs/03_hippo.ipynb #cdab53a9
 def hippo_project(
     measure:str, # "legs", "legt", "lagt" or "fout"
-    u:Tensor, # samples $u(k\Delta)$, $k = 1, \dots, L$, (..., L), real or complex
+    u:Tensor, # samples $u_k = u((k+1)\Delta)$, $k = 0, \dots, L-1$, (..., L), real or complex
     N:int, # state size
     dt:float=1.0, # sample spacing in units of the memory's timescale (the window for legt/fout); unused by legs
 )->Tensor: # coefficients after each sample, (..., N, L)
@@ -104,12 +104,12 @@ def hippo_project(
     A, B = (m.to(u.device) for m in hippo(measure, N, real_dtype(cd)))
     L = u.shape[-1]
     ubar = (torch.cat([torch.zeros_like(u[..., :1]), u[..., :-1]], -1) + u) / 2  # trapezoid: (u_{k-1} + u_k)/2
-    if measure == "legs":  # log-time steps h_k = log(k/(k-1)); A is lower triangular, so each bilinear step is a triangular solve
+    if measure == "legs":  # log-time steps h = log((k+1)/k); A is lower triangular, so each bilinear step is a triangular solve
         k = torch.arange(2, L + 1, dtype=real_dtype(cd), device=u.device)
         h = torch.log(k / (k - 1)).tolist()
         I = torch.eye(N, dtype=cd, device=u.device)
         A, B = A.to(cd), B.to(cd)
-        c = u[..., :1] * I[0]  # c_1 = u_1 e_0
+        c = u[..., :1] * I[0]  # c_0 = u_0 e_0
         cs = [c]
         for i in range(L - 1):  # (I - h/2 A) c_k = (I + h/2 A) c_{k-1} + h B ubar_k
             rhs = c + (h[i] / 2) * (c @ A.T) + h[i] * ubar[..., i + 1, None] * B  # (..., N)
