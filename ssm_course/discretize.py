@@ -34,7 +34,10 @@ def _check_dt(
     except RuntimeError: raise ValueError(f"{name} of shape {tuple(dt.shape)} does not broadcast with the batch shape {tuple(batch_shape)}") from None
     return dt
 
-def _check_alpha(method, alpha):
+def _check_alpha(
+    method:str, # the (checked) method name
+    alpha, # the `alpha` argument
+)->float|None:
     "The GBT weight of `method`; `alpha` is required for (and only for) 'gbt'."
     if method == "gbt":
         if alpha is None: raise ValueError("alpha is required for method='gbt'")

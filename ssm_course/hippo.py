@@ -17,13 +17,18 @@ from .discretize import discretize
 # %% ../nbs/03_hippo.ipynb #d0a4e359
 MEASURES = ("legs", "legt", "lagt", "fout")
 
-def _check_measure(measure, N)->int:
+def _check_measure(
+    measure, # the `measure` argument
+    N, # the size argument
+)->int:
     "Check `measure` and the size `N`; return `N` as an int."
     check_choice(measure, "measure", set(MEASURES))
     return check_size(N, "N")
 
-def _fourier_ends(N):
-    "e_n = g_n(0) = g_n(1) for the Fourier basis: 1, then 0 for sines and sqrt(2) for cosines."
+def _fourier_ends(
+    N:int, # number of basis functions
+)->Tensor: # $e$, (N,)
+    "$e_n = g_n(0) = g_n(1)$ for the Fourier basis: 1, then 0 for sines and $\\sqrt2$ for cosines."
     e = torch.zeros(N, dtype=torch.float64)
     e[0], e[2::2] = 1.0, math.sqrt(2)
     return e
@@ -61,7 +66,7 @@ def hippo(
 def hippo_basis(
     measure:str, # "legs", "legt", "lagt" or "fout"
     N:int, # number of basis functions
-    x:Tensor, # real normalized ages: (t - s)/theta for legt/fout, (t - s)/t for legs, t - s for lagt
+    x:Tensor, # real normalized ages: $(t - s)/\theta$ for legt/fout, $(t - s)/t$ for legs, $t - s$ for lagt
 )->Tensor: # $g_n(x)$: shape (N,) followed by `x`'s shape
     "The orthonormal basis of `measure` at normalized ages `x`; the history is $u(t - \\text{age}) \\approx \\sum_n c_n g_n(x)$."
     N = _check_measure(measure, N)
@@ -136,8 +141,11 @@ def hippo_reconstruct(
     return torch.tensordot(c.to(cd), G, dims=([-1], [0])).to(out)
 
 # %% ../nbs/03_hippo.ipynb #5fd389f3
-def _low_rank(measure, N):
-    "The real low-rank factor p, (r, N), such that A + p^T p is normal."
+def _low_rank(
+    measure:str, # "legs", "legt", "lagt" or "fout"
+    N:int, # state size
+)->Tensor: # $p$, (r, N)
+    "The real low-rank factor $p$ such that $A + p^\\top p$ is normal."
     n = torch.arange(N, dtype=torch.float64)
     r = torch.sqrt(2 * n + 1)
     if measure == "legs": return torch.sqrt(n + 0.5)[None]

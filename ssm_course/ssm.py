@@ -33,7 +33,10 @@ def matrix_exp(
     return torch.where(band[..., None, None], T, E)
 
 # %% ../nbs/01_ssm.ipynb #4092dec4
-def _check_times(t, like:Tensor)->Tensor:
+def _check_times(
+    t, # the times argument, to check
+    like:Tensor, # the tensor whose device and real precision `t` takes
+)->Tensor:
     "`t` as a real 1-D tensor in the real precision of `like`."
     t = check_tensor(t, "t", ndim=1)
     if t.is_complex(): raise TypeError(f"t must be real times, got dtype {t.dtype}")
@@ -83,7 +86,7 @@ def impulse_response(
 # %% ../nbs/01_ssm.ipynb #db3ef744
 def random_ssm(
     N:int, # state size
-    stable:bool=True, # shift the spectrum so that max Re(eig(A)) = -`margin`
+    stable:bool=True, # shift the spectrum so that the largest real part of an eigenvalue of $A$ is $-$`margin`
     margin:float=0.1, # distance of the rightmost eigenvalue from the imaginary axis
     seed:int=0, # seed of a private generator (the global RNG is untouched)
     dtype:torch.dtype=torch.float64, # dtype of the returned tensors
