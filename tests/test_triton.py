@@ -129,3 +129,7 @@ def test_gpu_script_smoke(tmp_path):
     subprocess.run(["bash", str(root / "bench" / "gpu.sh"), str(tmp_path), "--smoke"], check=True, capture_output=True, timeout=600, cwd=root)
     res = json.loads((tmp_path / "gpu.json").read_text())
     assert res["checks"] and all(c["ok"] for c in res["checks"].values()) and (tmp_path / "gpu.md").exists()
+    assert all(c["precision"] == "float32" and c["tol"] == c["growth"] * 2.0 ** -23 for n, c in res["checks"].items() if n.startswith("scan"))
+    n = 2 * 3 * 64  # the smoke shape: the scan rows record the model's bytes, forward and backward separately
+    assert {r["op"]: r["bytes"] for r in res["timings"] if r["impl"] == "ssm_course (triton)" and r["op"].startswith("scan")} == {"scan fwd": 12 * n, "scan bwd": 20 * n, "scan fwd+bwd": 32 * n}
+    assert res["train"]["ok"] and res["kernels"] == []  # trained a few steps; under the interpreter no compiled kernels are loaded
