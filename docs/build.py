@@ -246,13 +246,13 @@ def _link_rewriter(doc_url: str, target: str):
     return fn
 
 
-def process(cfg, n_workers=0):
+def process(cfg, n_workers=0, file_glob=""):
     "Run nbdev's notebook processing (the same as `nbdev-docs` does before Quarto); return the cache folder."
     import nbdev.doclinks
     from nbdev.serve import proc_nbs
     os.chdir(cfg.config_path)
     nbdev.doclinks._build_modidx()
-    return Path(proc_nbs(str(cfg.nbs_path), n_workers=n_workers))
+    return Path(proc_nbs(str(cfg.nbs_path), n_workers=n_workers, file_glob=file_glob))
 
 
 # ---------------------------------------------------------------- code colours
@@ -462,7 +462,7 @@ def _unlink_missing_anchors(out: Path):
 def build_readme(dest: Path):
     "Write README.md from the landing notebook, as `nbdev-readme` does with Quarto."
     cfg = get_config()
-    cache = process(cfg)
+    cache = process(cfg, file_glob=cfg.readme_nb)
     meta, body = nb_to_markdown(json.loads((cache / cfg.readme_nb).read_text()), _link_rewriter(cfg.doc_url, "readme"),
                                 Images(inline=True), wrap_outputs=False)
     head = f"# {meta.get('title', cfg.title)}\n\n" + (f"> {meta['description']}\n\n" if meta.get("description") else "")

@@ -1,5 +1,5 @@
 """The wheel builds, declares its dependencies, and imports in a clean venv without Triton."""
-import subprocess, sys, venv, zipfile
+import re, subprocess, sys, venv, zipfile
 from pathlib import Path
 from conftest import ROOT
 
@@ -44,3 +44,61 @@ def test_wheel_and_clean_import(tmp_path):
     assert out.returncode == 0, out.stderr
     import ssm_course
     assert out.stdout.strip() == ssm_course.__version__ and ssm_course.__version__.count(".") == 2
+
+
+def _pyproject():
+    import tomllib
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _closure(reqs):
+    "Names of the installed distributions that `reqs` pull in, recursively (extras of dependencies not followed)."
+    from importlib import metadata
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    seen, todo = set(), [Requirement(r) for r in reqs]
+    while todo:
+        r = todo.pop()
+        if r.marker is not None and not r.marker.evaluate({"extra": ""}): continue
+        name = canonicalize_name(r.name)
+        if name in seen: continue
+        seen.add(name)
+        try: todo.extend(Requirement(x) for x in metadata.requires(name) or [])
+        except metadata.PackageNotFoundError: pass
+    return seen
+
+
+def test_course_extra_runs_every_notebook():
+    """Every third-party module a notebook imports is installed by `pip install -e ".[course]"` (the library's
+    dependencies and the `course` extra, with what they pull in), except the two named here with their reason."""
+    import ast, json
+    from importlib.metadata import packages_distributions
+    from packaging.utils import canonicalize_name
+    optional = {"mambapy": "notebook 14's peer, in the [bench] extra, skipped when missing",
+                "torchvision": "only for sequential_images(download=True), which needs the internet anyway"}
+    proj = _pyproject()
+    provided = _closure(proj["dependencies"] + proj["optional-dependencies"]["course"])
+    dists, missing = packages_distributions(), {}
+    for nb in sorted((ROOT / "nbs").glob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            if cell["cell_type"] != "code": continue
+            src = "\n".join(l for l in "".join(cell["source"]).splitlines() if not l.lstrip().startswith(("%", "!")))
+            for node in ast.walk(ast.parse(src)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                        [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+                for mod in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"ssm_course"} - set(optional):
+                    if not any(canonicalize_name(d) in provided for d in dists.get(mod, [])): missing.setdefault(mod, set()).add(nb.name)
+    assert not missing, f"notebooks import modules that [course] does not install: {missing}"
+    assert "mambapy" in proj["optional-dependencies"]["bench"]
+
+
+def test_triton_floor_is_the_tested_one():
+    "pyproject's lowest Triton is the version `make test-triton36` tests, and the README calls it the oldest supported."
+    from packaging.requirements import Requirement
+    proj = _pyproject()
+    floors = {str(Requirement(r).specifier) for extra in proj["optional-dependencies"].values() for r in extra
+              if Requirement(r).name == "triton"}
+    tested = re.search(r'"triton==(\d+\.\d+)\.\d+"', (ROOT / "Makefile").read_text())[1]
+    assert floors == {f">={tested}"}, floors
+    readme = (ROOT / "README.md").read_text()
+    assert f"Triton {tested}, the oldest version supported" in readme and f"triton>={tested}" in readme
