@@ -10,7 +10,7 @@ copy buttons and live search results (MiniSearch over an index prebuilt here).
     python docs/build.py --out _docs            # the site
     python docs/build.py --readme README.md     # README.md from nbs/index.ipynb
 """
-import argparse, base64, html, json, os, re, shutil, string, subprocess, sys, tempfile
+import argparse, base64, html, json, os, re, shutil, string, struct, subprocess, sys, tempfile
 from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
 from pathlib import Path
@@ -76,20 +76,27 @@ def _nth(v, i):
 
 
 class Images:
-    "Figures collected while writing Markdown; pandoc sees a short token instead of megabytes of base64."
-    def __init__(self, inline=False): self.data, self.inline = [], inline
+    """Figures collected while writing Markdown: pandoc sees a short token, which `restore` turns into the path of
+    the image file that `save` writes under `figures/` (pages stay small; images load lazily). Without a `prefix`
+    (the README) the image stays inline as a data URI."""
+    ext = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg"}
+    def __init__(self, prefix=None): self.items, self.prefix = [], prefix
     def src(self, mime, b64):
-        uri = f"data:{mime};base64,{b64}"
-        if self.inline: return uri
-        self.data.append(uri)
-        return f"ssm-img:{len(self.data) - 1}"
-    def restore(self, s: str) -> str: return _re_img_token.sub(lambda m: self.data[int(m[1])], s)
+        if self.prefix is None: return f"data:{mime};base64,{b64}"
+        self.items.append((mime, b64))
+        return f"ssm-img:{len(self.items) - 1}"
+    def path(self, i): return f"figures/{self.prefix}-{i + 1}.{self.ext[self.items[i][0]]}"
+    def restore(self, s: str) -> str: return _re_img_token.sub(lambda m: self.path(int(m[1])), s)
+    def save(self, out: Path):
+        for i, (_, b64) in enumerate(self.items):
+            (out / self.path(i)).parent.mkdir(parents=True, exist_ok=True)
+            (out / self.path(i)).write_bytes(base64.b64decode(b64))
 
 
 def figure_html(src, alt, caption=None, width=None, height=None) -> str:
     "A figure with real alt text, its intended display size (retina PNGs are shown at half their pixels) and a caption."
     size = (f' width="{int(width)}"' if width else "") + (f' height="{int(height)}"' if height else "")
-    img = f'<img src="{src}" alt="{html.escape(alt, quote=True)}"{size}>'
+    img = f'<img src="{src}" alt="{html.escape(alt, quote=True)}"{size} loading="lazy">'
     cap = f"<figcaption>\n{caption}\n</figcaption>\n" if caption else ""
     return f'<figure class="figure">\n{img}\n{cap}</figure>'
 
@@ -106,8 +113,11 @@ def _output_md(o, images: Images, fig: dict, asis=False) -> str:
         cap, alt = _nth(fig.get("fig-cap"), i), _nth(fig.get("fig-alt"), i)
         b64 = _text(d[mime]).strip() if mime != "image/svg+xml" else base64.b64encode(_text(d[mime]).encode()).decode()
         meta = o.get("metadata", {}).get(mime, {})
+        width, height = meta.get("width"), meta.get("height")
+        if not width and mime == "image/png":  # no retina metadata: the PNG's own pixel size
+            width, height = struct.unpack(">II", base64.b64decode(b64[:44])[16:24])
         return figure_html(images.src(mime, b64), str(alt or _plain(str(cap or "")) or "figure"),
-                           str(cap) if cap else None, meta.get("width"), meta.get("height"))
+                           str(cap) if cap else None, width, height)
     if "text/markdown" in d: return _text(d["text/markdown"])
     if "text/html" in d: return '<div class="cell-output-html">\n' + _text(d["text/html"]) + "\n</div>"
     if "text/latex" in d: return _text(d["text/latex"])
@@ -421,7 +431,7 @@ def build_site(out: Path, n_workers=0):
     link_fn = _link_rewriter(cfg.doc_url, "site")
     pages = []
     for nb in notebooks(cfg.nbs_path):
-        images = Images()
+        images = Images(prefix=page_name(nb)[:-len(".html")])
         meta, body = nb_to_markdown(json.loads((cache / nb.name).read_text()), link_fn, images)
         num = re.match(r"(\d+[a-z]?)_", nb.name)
         label = "Overview" if nb.name == cfg.readme_nb else meta.get("title", nb.stem)
@@ -443,7 +453,10 @@ def build_site(out: Path, n_workers=0):
                                        f"{MIN_CONTRAST}:1 on {CODE_BG} by docs/build.py */\n" + css)
         with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as ex:  # pandoc runs as a subprocess: threads suffice
             htmls = list(ex.map(lambda i: render_page(pages[i], pages, i, cfg, theme, fragment), range(len(pages))))
-    for p, s in zip(pages, htmls): (out / p["name"]).write_text(s)
+    shutil.rmtree(out / "figures", ignore_errors=True)
+    for p, s in zip(pages, htmls):
+        (out / p["name"]).write_text(s)
+        p["images"].save(out)
     _unlink_missing_anchors(out)
     write_search(pages, out, cfg, pages)
     return out
@@ -464,7 +477,7 @@ def build_readme(dest: Path):
     cfg = get_config()
     cache = process(cfg, file_glob=cfg.readme_nb)
     meta, body = nb_to_markdown(json.loads((cache / cfg.readme_nb).read_text()), _link_rewriter(cfg.doc_url, "readme"),
-                                Images(inline=True), wrap_outputs=False)
+                                Images(), wrap_outputs=False)
     head = f"# {meta.get('title', cfg.title)}\n\n" + (f"> {meta['description']}\n\n" if meta.get("description") else "")
     md = pypandoc.convert_text(head + body, "gfm", format="markdown", extra_args=["--wrap=preserve"])
     text = "<!-- WARNING: generated from nbs/index.ipynb by `make docs`; edit the notebook, not this file. -->\n\n" + md
