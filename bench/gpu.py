@@ -97,7 +97,7 @@ def copy_bandwidth():
 def bench_scan(copy):
     from ssm_course.scan import scan
     from ssm_course import triton_scan
-    shapes = [(2, 3, 64)] if SMOKE else [(8, 1536, 4096), (8, 1536, 65536), (16, 4, 1 << 20)]  # the last: few rows, long L
+    shapes = [(2, 3, 64)] if SMOKE else [(8, 1536, 4096), (8, 1536, 65536), (1, 16, 1 << 20)]  # the last: 16 rows of 2^20 steps (few rows, long L)
     for (B, D, L) in shapes:
         g = torch.Generator(device=DEV).manual_seed(0)
         a = 0.9 + 0.1 * torch.rand(B, D, L, device=DEV, generator=g)

@@ -90,3 +90,37 @@ def test_perf_model_rows():
     n = 8 * 1536 * 4096
     assert scan["fwd"]["bytes"] == 12 * n and scan["bwd"]["bytes"] == 20 * n  # forward + backward: 32 bytes per element
     assert all(r["bandwidth_is_estimate"] and r["floor_ms"] > 0 for r in rows)
+
+
+MIRRORED = '''
+import triton, triton.language as tl
+
+@triton.jit
+def _combine(a1, b1, a2, b2): return a1 * a2, a2 * b1 + b2
+
+@triton.jit
+def reverse_scan_kernel(a_ptr, b_ptr, h_ptr, L, MIRRORED: tl.constexpr, BLOCK: tl.constexpr):
+    "One block of a reverse scan: at mirrored offsets t = L-1-k with a forward scan, or at forward offsets with reverse=True."
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, BLOCK)
+    t = L - 1 - k if MIRRORED else k
+    a = tl.load(a_ptr + row * L + t, mask=(t >= 0) & (t < L), other=0.0)
+    b = tl.load(b_ptr + row * L + t, mask=(t >= 0) & (t < L), other=0.0)
+    _, h = tl.associative_scan((a, b), 0, _combine, reverse=not MIRRORED)
+    tl.store(h_ptr + row * L + t, h, mask=(t >= 0) & (t < L))
+'''
+
+
+def test_mirrored_offsets_lose_vector_loads(tmp_path):
+    "Notebook 10's reason for forward-ordered offsets in the backward: mirrored indices compile to 4-byte loads, forward ones to 128-bit."
+    (tmp_path / "mirrored.py").write_text(MIRRORED)
+    code = (f"import sys, json; sys.path.insert(0, {str(tmp_path)!r}); import mirrored\n"
+            "from ssm_course.gpu_report import compile_spec\n"
+            "sig = {'a_ptr': '*fp32', 'b_ptr': '*fp32', 'h_ptr': '*fp32', 'L': 'i32', 'MIRRORED': 'constexpr', 'BLOCK': 'constexpr'}\n"
+            "rows = [compile_spec(dict(kernel='k', variant=str(m), fn=mirrored.reverse_scan_kernel, signature=sig, constexprs={'MIRRORED': m, 'BLOCK': 1024},\n"
+            "        aligned=['a_ptr', 'b_ptr', 'h_ptr', 'L'], num_warps=4, num_stages=1, dot=False, vector_loads=True), 90) for m in (False, True)]\n"
+            "print(json.dumps([r['vector_loads'] for r in rows]))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [True, False]  # forward-ordered: 128-bit; mirrored: not
