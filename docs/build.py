@@ -266,6 +266,7 @@ def process(cfg, n_workers=0, file_glob=""):
 
 
 # ---------------------------------------------------------------- code colours
+# The WCAG 2 formulas, six lines: not worth a dependency (PyPI's wcag-contrast-ratio computes the same).
 def _luminance(hex_colour: str) -> float:
     "WCAG 2 relative luminance of `#rrggbb`."
     c = [int(hex_colour.lstrip("#")[i:i + 2], 16) / 255 for i in (0, 2, 4)]

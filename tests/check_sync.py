@@ -1,7 +1,8 @@
 """Fail if `nbdev-clean` would change a notebook or `nbdev-export` would change the package.
 
 Runs both commands on a copy of the project, so the working tree is never modified, and
-prints the files that differ."""
+prints the files that differ. (nbdev's own CI template runs them in place and then checks `git status`;
+that would rewrite files a developer has not committed yet, so this does the same on a copy.)"""
 import filecmp, shutil, subprocess, sys, tempfile
 from pathlib import Path
 

@@ -54,7 +54,9 @@ def parse(s):
 # ---------------------------------------------------------------- browser
 def browser_report(site: Path, pages, js: str, width=PHONE, height=844) -> dict:
     """Load `pages` in iframes `width` px wide in one headless Chromium (network off) and return what `js` reports.
-    `js` is the body of an async function of (doc, src) whose result is collected per page once fonts are loaded."""
+    `js` is the body of an async function of (doc, src) whose result is collected per page once fonts are loaded.
+    One browser start for all pages, driven by --dump-dom: Playwright would download a browser of its own (no network
+    here) and Selenium needs a chromedriver, while Debian's chromium-headless-shell is one apt package."""
     chromium = chromium_or_skip()
     frames = "\n".join(f'<iframe src="{html.escape(p)}" style="width:{width}px;height:{height}px;border:0"></iframe>' for p in pages)
     harness = site / "_browser_check.html"
@@ -155,14 +157,21 @@ def test_nothing_wider_than_a_phone(phone):
 
 
 def test_search_works_offline(site):
-    "search.html?q=... finds sections with the prebuilt index from file://, no network."
-    r = browser_report(site, ["search.html?q=selective+scan", "search.html?q=zzzqqq"], r"""
+    "search.html?q=... finds sections with the prebuilt index from file://, no network; typing in a page's box lists hits."
+    r = browser_report(site, ["search.html?q=selective+scan", "search.html?q=zzzqqq", "ssm.html"], r"""
+      if (src === "ssm.html") {
+        const input = doc.querySelector(".sidebar form.search input");
+        input.value = "cauchy kernel"; input.dispatchEvent(new Event("input"));
+        for (let i = 0; i < 100 && !doc.querySelector(".sidebar .search-live li"); i++) await new Promise(ok => setTimeout(ok, 50));
+        return {hits: [...doc.querySelectorAll(".sidebar .search-live li a")].map(a => a.getAttribute("href"))};
+      }
       for (let i = 0; i < 100 && !doc.querySelector("#search-results h2"); i++) await new Promise(ok => setTimeout(ok, 50));
       return {hits: [...doc.querySelectorAll("#search-results li a")].map(a => a.getAttribute("href")),
               heading: (doc.querySelector("#search-results h2") || {}).textContent};""", width=1000)
     hits = r["search.html?q=selective+scan"]["hits"]
     assert any(h.startswith("selective.html") for h in hits[:5]), hits[:10]
     assert r["search.html?q=zzzqqq"]["hits"] == [] and "No section" in r["search.html?q=zzzqqq"]["heading"]
+    assert any(h.startswith("s4.html") for h in r["ssm.html"]["hits"][:5]), r["ssm.html"]["hits"]
 
 
 # ---------------------------------------------------------------- static HTML
