@@ -14,44 +14,56 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
+from .checks import check_size
 
 # %% ../nbs/13a_tasks.ipynb #ff0e365d
 IGNORE = -100  # targets with this value are not scored (nn.CrossEntropyLoss's default ignore_index)
 
 def _check_gen(n, **knobs):
-    if not isinstance(n, int) or n < 1: raise ValueError(f"n must be a positive integer, got {n!r}")
-    for k, v in knobs.items():
-        if not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be a positive integer, got {v!r}")
+    "Check the batch size and the task's integer knobs (each at least 1)."
+    check_size(n, "n")
+    for k, v in knobs.items(): check_size(v, k)
 
 def copying(
     n:int, # batch size
-    K:int=8, # tokens to copy
+    n_tokens:int=8, # M, the tokens to copy
     T:int=64, # blank steps between the tokens and the marker
     V:int=8, # vocabulary of data tokens
-    g:torch.Generator|None=None,
-)->tuple[Tensor, Tensor]: # x (n, K + T + 1 + K), y same shape (IGNORE except the last K steps)
-    "Copy task: K tokens, T blanks, a marker, then reproduce the K tokens. Tokens: data 0..V-1, blank V, marker V+1."
-    _check_gen(n, K=K, T=T, V=V)
-    data = torch.randint(0, V, (n, K), generator=g)
-    x = torch.full((n, 2 * K + T + 1), V, dtype=torch.long)
-    x[:, :K], x[:, K + T] = data, V + 1
+    g:torch.Generator|None=None, # random generator (None: PyTorch's global one)
+)->tuple[Tensor, Tensor]: # x (n, M + T + 1 + M), y of the same shape (IGNORE except the last M steps)
+    "Copy task: $M$ tokens, $T$ blanks, a marker, then reproduce the $M$ tokens. Tokens: data $0$ to $V-1$, blank $V$, marker $V+1$."
+    _check_gen(n, n_tokens=n_tokens, T=T, V=V)
+    M = n_tokens
+    data = torch.randint(0, V, (n, M), generator=g)
+    x = torch.full((n, 2 * M + T + 1), V, dtype=torch.long)
+    x[:, :M], x[:, M + T] = data, V + 1
     y = torch.full_like(x, IGNORE)
-    y[:, -K:] = data
+    y[:, -M:] = data
     return x, y
 
 # %% ../nbs/13a_tasks.ipynb #ef9c8046
-def delayed_recall(n:int, L:int=256, D:int=128, V:int=4, g:torch.Generator|None=None)->tuple[Tensor, Tensor]:
-    "x: L random tokens in 0..V-1; y_t = x_{t-D} for t >= D (IGNORE before)."
-    _check_gen(n, L=L, D=D, V=V)
-    if D >= L: raise ValueError(f"D must be smaller than L, got D={D}, L={L}")
+def delayed_recall(
+    n:int, # batch size
+    L:int=256, # sequence length
+    delay:int=128, # the delay tau (smaller than L)
+    V:int=4, # vocabulary
+    g:torch.Generator|None=None, # random generator (None: PyTorch's global one)
+)->tuple[Tensor, Tensor]: # x (n, L) tokens, y (n, L) targets
+    "$L$ random tokens $x_t$ in $0$ to $V-1$; targets $y_t = x_{t-\\tau}$ for $t \\ge \\tau$ (IGNORE before)."
+    _check_gen(n, L=L, delay=delay, V=V)
+    if delay >= L: raise ValueError(f"delay must be smaller than L, got delay={delay}, L={L}")
     x = torch.randint(0, V, (n, L), generator=g)
     y = torch.full_like(x, IGNORE)
-    y[:, D:] = x[:, :-D]
+    y[:, delay:] = x[:, :-delay]
     return x, y
 
 # %% ../nbs/13a_tasks.ipynb #20b1eca4
-def adding(n:int, L:int=200, g:torch.Generator|None=None)->tuple[Tensor, Tensor]:
-    "x (n, L, 2): values and markers; y (n,): the sum of the two marked values."
+def adding(
+    n:int, # batch size
+    L:int=200, # sequence length (at least 2)
+    g:torch.Generator|None=None, # random generator (None: PyTorch's global one)
+)->tuple[Tensor, Tensor]: # x (n, L, 2) values and markers, y (n,)
+    "The adding problem: values uniform in $[0, 1]$, one marker in each half; the target is the sum of the two marked values."
     _check_gen(n, L=L)
     if L < 2: raise ValueError(f"L must be at least 2, got {L}")
     vals = torch.rand(n, L, generator=g)
@@ -62,13 +74,20 @@ def adding(n:int, L:int=200, g:torch.Generator|None=None)->tuple[Tensor, Tensor]
     return torch.stack([vals, marks], -1), vals[torch.arange(n), i] + vals[torch.arange(n), j]
 
 # %% ../nbs/13a_tasks.ipynb #85feb57e
-def selective_copying(n:int, K:int=4, T:int=48, V:int=8, g:torch.Generator|None=None)->tuple[Tensor, Tensor]:
-    "x: K tokens (0..V-1) at random positions among T blanks (V), then K markers (V+1); y: the tokens at the markers."
-    _check_gen(n, K=K, T=T, V=V)
-    if K > T: raise ValueError(f"K must be at most T, got K={K}, T={T}")
-    pos = torch.argsort(torch.rand(n, T, generator=g), -1)[:, :K].sort(-1).values
-    data = torch.randint(0, V, (n, K), generator=g)
-    x = torch.full((n, T + K), V, dtype=torch.long)
+def selective_copying(
+    n:int, # batch size
+    n_tokens:int=4, # M, the tokens to copy (at most T)
+    T:int=48, # positions among which the tokens are scattered
+    V:int=8, # vocabulary of data tokens
+    g:torch.Generator|None=None, # random generator (None: PyTorch's global one)
+)->tuple[Tensor, Tensor]: # x (n, T + M), y of the same shape (IGNORE except the last M steps)
+    "$M$ tokens ($0$ to $V-1$) at random positions among $T$ blanks ($V$), then $M$ markers ($V+1$); targets: the tokens, in order, at the markers."
+    _check_gen(n, n_tokens=n_tokens, T=T, V=V)
+    M = n_tokens
+    if M > T: raise ValueError(f"n_tokens must be at most T, got n_tokens={M}, T={T}")
+    pos = torch.argsort(torch.rand(n, T, generator=g), -1)[:, :M].sort(-1).values
+    data = torch.randint(0, V, (n, M), generator=g)
+    x = torch.full((n, T + M), V, dtype=torch.long)
     x.scatter_(1, pos, data)
     x[:, T:] = V + 1
     y = torch.full_like(x, IGNORE)
@@ -76,14 +95,19 @@ def selective_copying(n:int, K:int=4, T:int=48, V:int=8, g:torch.Generator|None=
     return x, y
 
 # %% ../nbs/13a_tasks.ipynb #393c4edb
-def associative_recall(n:int, P:int=8, V:int=16, g:torch.Generator|None=None)->tuple[Tensor, Tensor]:
-    "x: k1 v1 k2 v2 ... kP vP q (keys 0..V-1, values V..2V-1); y (n,): the value of the queried key, as 0..V-1."
-    _check_gen(n, P=P, V=V)
-    if P > V: raise ValueError(f"P must be at most V (keys are distinct), got P={P}, V={V}")
-    keys = torch.argsort(torch.rand(n, V, generator=g), -1)[:, :P]
-    vals = torch.randint(0, V, (n, P), generator=g)
-    q = torch.randint(0, P, (n,), generator=g)
-    x = torch.stack([keys, vals + V], -1).reshape(n, 2 * P)
+def associative_recall(
+    n:int, # batch size
+    n_pairs:int=8, # key-value pairs per sequence (at most V: keys are distinct)
+    V:int=16, # keys are 0 to V-1, values V to 2V-1
+    g:torch.Generator|None=None, # random generator (None: PyTorch's global one)
+)->tuple[Tensor, Tensor]: # x (n, 2 n_pairs + 1) tokens, y (n,) the queried value as 0 to V-1
+    "Tokens $k_1 v_1 k_2 v_2 \\ldots q$: distinct keys, their values, then a query key $q$; the target is $q$'s value."
+    _check_gen(n, n_pairs=n_pairs, V=V)
+    if n_pairs > V: raise ValueError(f"n_pairs must be at most V (keys are distinct), got n_pairs={n_pairs}, V={V}")
+    keys = torch.argsort(torch.rand(n, V, generator=g), -1)[:, :n_pairs]
+    vals = torch.randint(0, V, (n, n_pairs), generator=g)
+    q = torch.randint(0, n_pairs, (n,), generator=g)
+    x = torch.stack([keys, vals + V], -1).reshape(n, 2 * n_pairs)
     x = torch.cat([x, keys[torch.arange(n), q][:, None]], 1)
     return x, vals[torch.arange(n), q]
 

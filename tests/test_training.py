@@ -1,16 +1,18 @@
-"""ssm_course.tasks and .train: task contracts, dataset readers on fake files, exact resume, torchrun/DDP, bench machinery."""
-import gzip, json, os, pickle, struct, subprocess, sys
+"""ssm_course.tasks and .train: task contracts, dataset readers on fake files, exact resume, checkpoint integrity, data checks, devices, torchrun/DDP."""
+import copy, gzip, json, os, pickle, re, struct, subprocess, sys
 from pathlib import Path
 import numpy as np, pytest, torch
 from ssm_course import tasks
 from ssm_course.layers import SequenceModel
-from ssm_course.train import Trainer
+from ssm_course import train
+from ssm_course.train import Trainer, load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("fn,kw", [(tasks.copying, dict(K=3, T=5)), (tasks.delayed_recall, dict(L=20, D=5)), (tasks.selective_copying, dict(K=3, T=9)),
-                                   (tasks.associative_recall, dict(P=4, V=8)), (tasks.adding, dict(L=12))])
+@pytest.mark.parametrize("fn,kw", [(tasks.copying, dict(n_tokens=3, T=5)), (tasks.delayed_recall, dict(L=20, delay=5)),
+                                   (tasks.selective_copying, dict(n_tokens=3, T=9)), (tasks.associative_recall, dict(n_pairs=4, V=8)),
+                                   (tasks.adding, dict(L=12))])
 def test_tasks_are_reproducible_and_shaped(fn, kw):
     a = fn(5, g=torch.Generator().manual_seed(1), **kw)
     b = fn(5, g=torch.Generator().manual_seed(1), **kw)
@@ -49,7 +51,7 @@ def test_sequential_digits():
 def _trainer(seed=0):
     torch.manual_seed(seed)
     m = SequenceModel(4, d_model=8, n_layers=1, layer="lru", vocab_size=4, pool=None)
-    return Trainer(m, lambda n, g: tasks.delayed_recall(n, L=16, D=4, g=g), steps=8, batch_size=4, warmup=2)
+    return Trainer(m, lambda n, g: tasks.delayed_recall(n, L=16, delay=4, g=g), steps=8, batch_size=4, warmup=2)
 
 
 def test_resume_is_exact(tmp_path):
@@ -64,18 +66,157 @@ def test_trainer_bad_input():
     m = SequenceModel(4, d_model=8, n_layers=1, layer="s4d", vocab_size=4, pool=None)
     with pytest.raises(ValueError, match="loss"): Trainer(m, tasks.copying, steps=5, loss="l1")
     with pytest.raises(ValueError, match="steps"): Trainer(m, tasks.copying, steps=0)
+    with pytest.raises(ValueError, match="amp"): Trainer(m, tasks.copying, steps=5, amp="fp8")
+    with pytest.raises(TypeError, match="batch_size"): Trainer(m, tasks.copying, steps=5, batch_size=2.0)
+
+
+def _state(t):
+    "Everything a trainer would resume from, copied."
+    return copy.deepcopy({k: v for k, v in t.state_dict().items()})
+
+
+def _same_state(a, b):
+    "Bit-identical nested states (tensors, dicts, lists, numbers)."
+    if isinstance(a, torch.Tensor): return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict): return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)): return type(a) is type(b) and len(a) == len(b) and all(map(_same_state, a, b))
+    return a == b
+
+
+def test_damaged_checkpoints_are_refused_and_change_nothing(tmp_path):
+    "Empty, truncated, extended, bit-flipped (anywhere: header or payload) and plain torch.save files: 'corrupt checkpoint: <path>'."
+    a = _trainer(); a.fit(3, progress=False); path = tmp_path / "c.pt"; a.save(path)
+    good = path.read_bytes()
+    assert not list(tmp_path.glob(".*.tmp"))  # the temporary file was renamed away
+    flips = [good[:i] + bytes([good[i] ^ (1 << (i % 8))]) + good[i + 1:] for i in np.linspace(0, len(good) - 1, 40).astype(int)]
+    torch.save(a.state_dict(), tmp_path / "plain.pt")
+    damaged = [b"", good[:len(good) // 2], good[:-1], good + b"\0", (tmp_path / "plain.pt").read_bytes(), *flips]
+    b = _trainer(seed=5); b.fit(1, progress=False); before = _state(b)
+    for data in damaged:
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match=f"corrupt checkpoint: {re.escape(str(path))}"): b.load(path)
+    assert _same_state(before, _state(b))
+
+
+def test_wrong_or_incomplete_checkpoint_raises_before_anything_is_replaced(tmp_path):
+    a = _trainer(); a.fit(2, progress=False); a.save(tmp_path / "lru.pt")
+    torch.manual_seed(0)
+    other = Trainer(SequenceModel(4, d_model=8, n_layers=1, layer="s4d", vocab_size=4, pool=None, d_state=4),
+                    lambda n, g: tasks.delayed_recall(n, L=16, delay=4, g=g), steps=8, batch_size=4)
+    other.fit(1, progress=False); before = _state(other)
+    with pytest.raises(ValueError, match="another model"): other.load(tmp_path / "lru.pt")
+    assert _same_state(before, _state(other))
+    b = _trainer(seed=7); b.fit(1, progress=False); before = _state(b)
+    s = load_checkpoint(tmp_path / "lru.pt")
+    save_checkpoint({k: v for k, v in s.items() if k != "sched"}, tmp_path / "nosched.pt")
+    with pytest.raises(ValueError, match="sched"): b.load(tmp_path / "nosched.pt")
+    s["opt"]["param_groups"] = s["opt"]["param_groups"][:1]  # an optimizer that does not fit: found only while loading
+    save_checkpoint(s, tmp_path / "badopt.pt")
+    with pytest.raises(ValueError, match="does not fit this trainer"): b.load(tmp_path / "badopt.pt")
+    assert _same_state(before, _state(b))
+
+
+def test_mse_targets_are_matched_not_broadcast():
+    "y of shape (n, 1) against an output (n, 1) is the plain mean; (n,) works too; anything else raises."
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 10, 1), torch.randn(16, 1)
+    m = SequenceModel(1, d_model=8, n_layers=1, layer="s4d", d_input=1, d_state=4)
+    t = Trainer(m, (x, y), steps=1, batch_size=16, loss="mse")
+    out = m(x)
+    for target in (y, y[:, 0]):
+        total, count = t.loss_sum(out, target)
+        torch.testing.assert_close(total / count, ((out - y) ** 2).mean())
+    with pytest.raises(ValueError, match="do not match the model output"): t.loss_sum(out, torch.randn(16, 2))
+    with pytest.raises(TypeError, match="floating-point targets"): t.loss_sum(out, torch.ones(16, dtype=torch.long))
+
+
+def test_trainer_data_is_checked():
+    m = SequenceModel(4, d_model=8, n_layers=1, layer="s4d", vocab_size=4, d_state=4)
+    x, y = torch.randint(0, 4, (10, 12)), torch.randint(0, 4, (10,))
+    with pytest.raises(ValueError, match="same number of examples"): Trainer(m, (x, torch.randint(0, 4, (12,))), steps=1)
+    with pytest.raises(TypeError, match="pair of tensors"): Trainer(m, (x,), steps=1)
+    with pytest.raises(TypeError, match="eval_data"): Trainer(m, (x, y), steps=1, eval_data=[1, 2, 3])
+    for targets, err, msg in [(torch.randn(10), TypeError, "integer class indices"), (torch.full((10,), 7), ValueError, r"class indices in \[0, 4\)"),
+                              (torch.randint(0, 4, (10, 3)), ValueError, "do not match the model output")]:
+        with pytest.raises(err, match=msg): Trainer(m, (x, targets), steps=1, batch_size=2).train_step()
+    with pytest.raises(ValueError, match="eval_data"): Trainer(m, (x, y), steps=1, eval_data=(x, torch.full((10,), 9))).evaluate()
+
+
+def test_device_placement_with_meta_standing_in_for_a_gpu():
+    "Model, training batches and evaluation batches all go to `device` (meta: the placement logic without the arithmetic)."
+    m = SequenceModel(4, d_model=8, n_layers=1, layer="s4d", vocab_size=4, pool=None, d_state=4)
+    task = lambda n, g: tasks.delayed_recall(n, L=16, delay=4, g=g)
+    t = Trainer(m, task, steps=2, batch_size=4, device="meta")
+    assert t.device == torch.device("meta") and all(p.device.type == "meta" for p in m.parameters())
+    assert all(v.device.type == "meta" for v in t.batch())
+    t = Trainer(m, task(8, None), steps=2, batch_size=4, device="meta")  # tensor data is indexed on the CPU, then moved
+    assert all(v.device.type == "meta" for v in t.batch())
+
+
+def test_device_choice_and_distributed_backend(monkeypatch):
+    "None/'auto' picks CUDA when available; under torchrun each rank takes LOCAL_RANK's GPU and NCCL, and CPU tensors get gloo."
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert train._device(None) == train._device("auto") == torch.device("cpu")
+    assert train._backend(train._setup_device("auto", distributed=True)) == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert train._device(None) == torch.device("cuda", 0) and train._setup_device("auto", distributed=False) == torch.device("cuda", 0)
+    d = train._setup_device("auto", distributed=True)
+    assert d == torch.device("cuda", 1) and calls == [torch.device("cuda", 1)] and train._backend(d) == "nccl"
+    assert train._setup_device("cpu", distributed=True) == torch.device("cpu") and train._backend("cpu") == "gloo" and len(calls) == 1
+
+
+def test_cli_device_and_bf16_autocast_on_cpu(capsys):
+    "The CLI flags: bf16 autocast changes the arithmetic (the losses differ slightly) but keeps float32 weights."
+    common = ["--steps", "2", "--batch-size", "4", "--d-model", "8", "--n-layers", "1", "--device", "cpu"]
+    full, bf16 = train.main(common), train.main(common + ["--amp", "bf16"])
+    assert bf16.device == torch.device("cpu") and bf16.amp == "bf16" and "(bf16 autocast)" in capsys.readouterr().out
+    assert all(p.dtype == torch.float32 for p in bf16.module.parameters())
+    d = abs(full.history["loss"][0] - bf16.history["loss"][0])
+    assert 0 < d < 0.05, d
+
+
+def _uneven(n, g):
+    "Delayed recall in which rows score different numbers of targets: row i scores the last 2 (i % 4 + 1) steps."
+    x, y = tasks.delayed_recall(n, L=12, delay=2, V=4, g=g)
+    scored = torch.arange(12)[None, :] >= 12 - 2 * (torch.arange(n)[:, None] % 4 + 1)
+    return x, torch.where(scored, y, tasks.IGNORE)
+
+
+def _uneven_trainer():
+    torch.manual_seed(0)
+    m = SequenceModel(4, d_model=8, n_layers=1, layer="s4d", vocab_size=4, pool=None, d_state=4)
+    return Trainer(m, _uneven, steps=3, batch_size=8, device="cpu")
+
+
+_SCRIPT = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from test_training import _uneven_trainer
+from ssm_course import train
+device = train._setup_device("auto", distributed=True)
+torch.distributed.init_process_group(train._backend(device))
+t = _uneven_trainer(); t.fit(progress=False); t.save(sys.argv[2] + "/uneven.pt")
+train.main(sys.argv[3:])  # the command line, in the process group started above
+torch.distributed.destroy_process_group()
+"""
 
 
 def test_torchrun_two_processes_equal_one_process(tmp_path):
-    "Two CPU processes (gloo DDP) on halves of each global batch end where one process ends on the whole batches."
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    common = ["-m", "ssm_course.train", "--steps", "4", "--batch-size", "8", "--layer", "s4d"]
-    def launch(*cmd):
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-        assert r.returncode == 0, f"{' '.join(cmd)} exited with {r.returncode}:\n{r.stderr[-4000:]}"
-    launch(sys.executable, *common, "--save", str(tmp_path / "one.pt"))
-    launch(str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2", "--standalone", *common, "--save", str(tmp_path / "two.pt"))
-    one, two = (torch.load(tmp_path / f, weights_only=False) for f in ("one.pt", "two.pt"))
-    assert max((one["model"][k] - two["model"][k]).abs().max().item() for k in one["model"]) < 1e-5
-    assert max(abs(a - b) for a, b in zip(one["history"]["loss"], two["history"]["loss"])) < 1e-5
-    assert two["history"]["rank_param_diff"] == 0  # identical parameters on both ranks
+    """Two CPU processes (gloo DDP) on halves of each global batch end where one process ends on the whole batches:
+    through the command line, and with ranks that score different numbers of targets (the loss is normalized by the global count)."""
+    cli = ["--steps", "4", "--batch-size", "8", "--layer", "s4d", "--d-model", "16"]
+    (tmp_path / "run.py").write_text(_SCRIPT)
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2", "--standalone", str(tmp_path / "run.py"),
+           str(ROOT / "tests"), str(tmp_path), *cli, "--save", str(tmp_path / "two.pt")]
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert r.returncode == 0, f"{' '.join(cmd)} exited with {r.returncode}:\n{r.stderr[-4000:]}"
+    one = train.main(cli).state_dict()
+    ref = _uneven_trainer(); ref.fit(progress=False)
+    for single, two in [(one, load_checkpoint(tmp_path / "two.pt")), (ref.state_dict(), load_checkpoint(tmp_path / "uneven.pt"))]:
+        assert max((single["model"][k] - two["model"][k]).abs().max().item() for k in single["model"]) < 1e-5
+        assert max(abs(a - b) for a, b in zip(single["history"]["loss"], two["history"]["loss"])) < 1e-5
+    assert load_checkpoint(tmp_path / "two.pt")["history"]["rank_param_diff"] == 0  # identical parameters on both ranks
