@@ -10,6 +10,7 @@ __all__ = ['BACKENDS', 'check_tensor', 'check_square', 'check_last_dim', 'check_
            'compute_dtype', 'real_dtype', 'to_precision']
 
 # %% ../nbs/00_conventions.ipynb #d6fb1f77
+import numbers
 import torch
 from torch import Tensor
 
@@ -102,8 +103,6 @@ def resolve_backend(
     return "triton"
 
 # %% ../nbs/00_conventions.ipynb #a1c0de02
-import numbers
-
 def check_size(
     value, # the value given
     name:str, # the argument's name
