@@ -101,6 +101,23 @@ def figure_html(src, alt, caption=None, width=None, height=None) -> str:
     return f'<figure class="figure">\n{img}\n{cap}</figure>'
 
 
+def png_display_size(png: bytes) -> tuple[int, int]:
+    """The size to show a PNG at. nbdev-clean drops the output metadata in which IPython records a retina figure's
+    display size, so read the PNG itself: matplotlib's retina PNGs are saved at twice the figure's dpi (pHYs chunk,
+    200 dpi against 100) and are shown at half their pixels, like IPython shows them; other PNGs at their pixel size."""
+    w, h = struct.unpack(">II", png[16:24])
+    i = 8
+    while i + 8 <= len(png):
+        n, kind = struct.unpack(">I4s", png[i:i + 8])
+        if kind == b"pHYs":
+            ppm, _, unit = struct.unpack(">IIB", png[i + 8:i + 17])
+            if unit == 1 and ppm * 0.0254 >= 150: return w // 2, h // 2
+            break
+        if kind == b"IDAT": break  # pHYs, when present, comes before the image data
+        i += 12 + n
+    return w, h
+
+
 def _output_md(o, images: Images, fig: dict, asis=False) -> str:
     "Markdown for one cell output, choosing the richest representation pandoc can use."
     kind = o.get("output_type")
@@ -114,8 +131,7 @@ def _output_md(o, images: Images, fig: dict, asis=False) -> str:
         b64 = _text(d[mime]).strip() if mime != "image/svg+xml" else base64.b64encode(_text(d[mime]).encode()).decode()
         meta = o.get("metadata", {}).get(mime, {})
         width, height = meta.get("width"), meta.get("height")
-        if not width and mime == "image/png":  # no retina metadata: the PNG's own pixel size
-            width, height = struct.unpack(">II", base64.b64decode(b64[:44])[16:24])
+        if not width and mime == "image/png": width, height = png_display_size(base64.b64decode(b64))
         return figure_html(images.src(mime, b64), str(alt or _plain(str(cap or "")) or "figure"),
                            str(cap) if cap else None, width, height)
     if "text/markdown" in d: return _text(d["text/markdown"])

@@ -399,3 +399,16 @@ def test_landing_page_gpu_claim_matches_results():
     gpu_runs = [p.name for p in (ROOT / "bench" / "results").glob("*.json") if not p.name.startswith("cpu")]
     pending = "GPU timings are pending until a GPU run is committed" in (ROOT / "README.md").read_text()
     assert pending == (not gpu_runs), f"README says pending={pending}, GPU results committed: {gpu_runs}"
+
+
+def test_retina_png_display_size():
+    "Retina PNGs (saved at 2x the figure's dpi) are shown at half their pixels, others at their pixel size."
+    import io
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(1, 0.5))
+    sizes = {}
+    for dpi in (100, 200):
+        buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=dpi); sizes[dpi] = build.png_display_size(buf.getvalue())
+    plt.close(fig)
+    assert sizes == {100: (100, 50), 200: (100, 50)}
