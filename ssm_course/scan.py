@@ -10,8 +10,9 @@ __all__ = ['scan_sequential', 'scan_parallel', 'scan_chunked', 'scan']
 # %% ../nbs/07_scan.ipynb #c955a2b8
 import math
 import torch
+import torch.nn.functional as F
 from torch import Tensor
-from .checks import check_tensor, common_dtype, resolve_backend
+from .checks import check_tensor, check_size, float_dtype, resolve_backend, values_hidden
 
 # %% ../nbs/07_scan.ipynb #6a2c41f7
 def _check_scan(a, b, h0):
@@ -25,18 +26,24 @@ def _check_scan(a, b, h0):
         try: ok = torch.broadcast_shapes(h0.shape, shape[:-1]) == shape[:-1]
         except RuntimeError: ok = False
         if not ok: raise ValueError(f"h0 must broadcast to the shape of one time step {tuple(shape[:-1])}, got shape {tuple(h0.shape)}")
+    for x, name in ((a, "a"), (b, "b"), (h0, "h0")):
+        if x is not None and x.dtype == torch.bool: raise TypeError(f"{name} must be a real or complex tensor, got dtype {x.dtype}")
     return shape
 
+def _dtype(a, b, h0):
+    "The dtype of the result: the promoted type of the inputs, integers promoted to the default float."
+    return float_dtype(a, b, *([h0] if h0 is not None else []))
+
+# %% ../nbs/07_scan.ipynb #7b1e0c3a
 def scan_sequential(
-    a:Tensor, # decays, (..., L) (broadcast against b)
-    b:Tensor, # inputs, (..., L)
-    h0:Tensor|None=None, # initial state h_{-1}, (...)
-)->Tensor: # h, (..., L)
-    "The reference: h_t = a_t h_{t-1} + b_t, one step at a time."
-    shape = _check_scan(a, b, h0)
-    dtype = common_dtype(a, b, *([h0] if h0 is not None else []))
+    a:Tensor, # decays $a_t$, (..., L), broadcast against `b`
+    b:Tensor, # inputs $b_t$, (..., L)
+    h0:Tensor|None=None, # initial state $h_{-1}$, (...); zero if not given
+)->Tensor: # states $h_t$, (..., L)
+    "The reference: $h_t = a_t h_{t-1} + b_t$, one step at a time."
+    shape, dtype = _check_scan(a, b, h0), _dtype(a, b, h0)
     h = torch.zeros(shape[:-1], dtype=dtype, device=b.device) if h0 is None else h0.to(dtype).expand(shape[:-1])
-    a, b = a.expand(shape), b.expand(shape)
+    a, b = a.to(dtype).expand(shape), b.to(dtype).expand(shape)
     out = []
     for t in range(shape[-1]):
         h = a[..., t] * h + b[..., t]
@@ -44,120 +51,206 @@ def scan_sequential(
     return torch.stack(out, -1)
 
 # %% ../nbs/07_scan.ipynb #579a24d4
+def _no_inf(A):
+    "Products of decays that overflow to ±inf are kept at the largest finite value, so that inf times a zero state cannot make NaN."
+    if A.is_complex(): return A
+    big = torch.finfo(A.dtype).max
+    return A.nan_to_num(nan=math.nan, posinf=big, neginf=-big)
+
 def scan_parallel(
-    a:Tensor, # decays, (..., L)
-    b:Tensor, # inputs, (..., L)
-    h0:Tensor|None=None, # initial state, (...)
-)->Tensor: # h, (..., L)
-    "Hillis-Steele scan: ceil(log2 L) rounds, each combining every position with the one 2^k back."
-    shape = _check_scan(a, b, h0)
-    dtype = common_dtype(a, b, *([h0] if h0 is not None else []))
+    a:Tensor, # decays $a_t$, (..., L)
+    b:Tensor, # inputs $b_t$, (..., L)
+    h0:Tensor|None=None, # initial state $h_{-1}$, (...)
+)->Tensor: # states $h_t$, (..., L)
+    "Hillis–Steele scan: $\\lceil \\log_2 L \\rceil$ rounds, in round $k$ every position combines with the one $2^k$ steps back."
+    shape, dtype = _check_scan(a, b, h0), _dtype(a, b, h0)
     A, X = a.to(dtype).expand(shape), b.to(dtype).expand(shape)
-    if h0 is not None: X = torch.cat([X[..., :1] + A[..., :1] * h0.to(dtype)[..., None], X[..., 1:]], -1)
+    if h0 is not None: X = torch.cat([X[..., :1] + A[..., :1] * h0.to(dtype)[..., None], X[..., 1:]], -1)  # fold h_{-1} into b_0
     d = 1
     while d < shape[-1]:
-        X = torch.cat([X[..., :d], A[..., d:] * X[..., :-d] + X[..., d:]], -1)  # (a_{t-d..}, x_{t-d}) then (A_t, X_t)
-        A = torch.cat([A[..., :d], A[..., d:] * A[..., :-d]], -1)
+        X = torch.cat([X[..., :d], A[..., d:] * X[..., :-d] + X[..., d:]], -1)  # (A, X)_{t-d} then (A, X)_t
+        A = _no_inf(torch.cat([A[..., :d], A[..., d:] * A[..., :-d]], -1))
         d *= 2
     return X
 
 # %% ../nbs/07_scan.ipynb #d87130aa
-def _auto_chunk(L): return max(1, min(64, L, 2 ** round(math.log2(math.sqrt(L)))))
-
-def _tile(n):
-    "The largest power of two <= 128 that divides n: how many chunks sit side by side in a tile."
-    return math.gcd(n, 128)
-
-def _scan_lti(a, b, h0, T, shape, dtype):
-    "Chunked scan with a constant per-sequence decay a (..., 1): local scans are matmuls with the Toeplitz matrix of powers."
-    L = shape[-1]
-    nc = -(-L // T)
-    a = a.to(dtype).expand(*shape[:-1], 1)
-    j = torch.arange(T, device=b.device)
-    pw = torch.cumprod(a.to(torch.complex128 if dtype.is_complex else torch.float64).expand(*shape[:-1], T), -1).to(dtype)  # a^1..a^T
-    lag = j[:, None] - j[None, :]
-    M = torch.where(lag >= 0, torch.cat([torch.ones_like(pw[..., :1]), pw], -1)[..., lag.clamp(min=0)], torch.zeros((), dtype=dtype, device=b.device))  # (..., T, T)
-    x = torch.nn.functional.pad(b.to(dtype).expand(shape), (0, nc * T - L)).unflatten(-1, (nc, T))  # (..., nc, T)
-    hl = x @ M.mT  # (..., nc, T) local scans from zero
-    if nc == 1 and h0 is None: return hl[..., 0, :L]
-    ends = scan_chunked(pw[..., T - 1:T], hl[..., :, -1], h0)  # (..., nc) states at chunk ends: decay a^T per chunk
-    prev = torch.cat([(torch.zeros_like(ends[..., :1]) if h0 is None else h0.to(dtype).expand(shape[:-1])[..., None]), ends[..., :-1]], -1)
-    return torch.addcmul(hl, prev[..., None], pw[..., None, :]).flatten(-2)[..., :L]  # h = local + a^{t+1} H_{c-1}
+def _auto_chunk(L): return max(2, min(64, 2 ** round(math.log2(math.sqrt(L))))) if L > 2 else 2
 
 def scan_chunked(
-    a:Tensor, # decays, (..., L) (or (..., 1): time-invariant)
-    b:Tensor, # inputs, (..., L)
-    h0:Tensor|None=None, # initial state, (...)
-    chunk:int|None=None, # chunk length T (default about sqrt(L))
-)->Tensor: # h, (..., L)
-    "Two-level scan: local scans in chunks (vectorized across chunks), a scan over chunk ends, then a fix-up."
-    shape = _check_scan(a, b, h0)
-    dtype = common_dtype(a, b, *([h0] if h0 is not None else []))
+    a:Tensor, # decays $a_t$, (..., L) (or (..., 1): time-invariant)
+    b:Tensor, # inputs $b_t$, (..., L)
+    h0:Tensor|None=None, # initial state $h_{-1}$, (...)
+    chunk:int|None=None, # chunk length $T$ (default: about $\sqrt{L}$, at most 64)
+)->Tensor: # states $h_t$, (..., L)
+    "Two-level scan: local scans inside chunks of $T$ steps (all chunks at once), a scan over the chunk ends, a fix-up."
+    shape, dtype = _check_scan(a, b, h0), _dtype(a, b, h0)
     L = shape[-1]
-    T = chunk or _auto_chunk(L)
-    if T < 2 or L <= 2: return scan_sequential(a, b, h0)
-    if a.shape[-1] == 1: return _scan_lti(a, b, h0, min(T, 32), shape, dtype)
-    R, nc = math.prod(shape[:-1]), -(-L // T)
-    W = _tile(R * nc)
-    if W < 16 and nc >= 16: nc = -(-nc // 16) * 16; W = _tile(R * nc)  # pad with identity chunks so tiles stay wide
-    G = R * nc // W
-    def tiled(x, fill):  # (..., L) -> (G, T, W): in each tile of W chunks, row t holds position t of every chunk
-        x = x.to(dtype).expand(shape).reshape(R, L)
-        if nc * T > L: x = torch.nn.functional.pad(x, (0, nc * T - L), value=fill)
-        return x.reshape(G, W, T).transpose(1, 2).clone(memory_format=torch.contiguous_format)  # always a copy: the local scans below write into it
-    At, Ht = tiled(a, 1.0), tiled(b, 0.0)
-    for t in range(1, T):  # 1. local scans and running products, all chunks at once
-        Ht[:, t].addcmul_(At[:, t], Ht[:, t - 1])
-        At[:, t].mul_(At[:, t - 1])
-    h0r = None if h0 is None else h0.to(dtype).expand(shape[:-1]).reshape(R)
-    if nc == 1 and h0r is None: return Ht.transpose(1, 2).reshape(R, T)[:, :L].reshape(shape)
-    ends = scan_chunked(At[:, -1].reshape(R, nc), Ht[:, -1].reshape(R, nc), h0r)  # 2. true states at the chunk ends
-    prev = torch.cat([torch.zeros_like(ends[:, :1]) if h0r is None else h0r[:, None], ends[:, :-1]], -1).reshape(G, W, 1)
-    out = torch.empty(G, W, T, dtype=dtype, device=b.device)
-    torch.addcmul(Ht.transpose(1, 2), At.transpose(1, 2), prev, out=out)  # 3. fix-up, written back in the original layout
-    return out.view(R, nc * T)[:, :L].reshape(shape)
+    T = _auto_chunk(L) if chunk is None else check_size(chunk, "chunk")
+    nc, pad = -(-L // T), -L % T
+    a = F.pad(a.to(dtype).expand(shape), (0, pad), value=1.0).unflatten(-1, (nc, T))  # (..., nc, T), padded with
+    b = F.pad(b.to(dtype).expand(shape), (0, pad), value=0.0).unflatten(-1, (nc, T))  # the identity pair (1, 0)
+    hs, ps = [b[..., 0]], [a[..., 0]]
+    for t in range(1, T):  # 1. local scans from zero, and running products, in every chunk at once
+        hs.append(a[..., t] * hs[-1] + b[..., t]); ps.append(_no_inf(a[..., t] * ps[-1]))
+    hl, P = torch.stack(hs, -1), torch.stack(ps, -1)  # (..., nc, T)
+    ends = (scan_chunked(P[..., -1], hl[..., -1], h0, T) if nc > T > 1 else scan_sequential(P[..., -1], hl[..., -1], h0))  # 2. chunk ends
+    zero = torch.zeros_like(ends[..., :1]) if h0 is None else h0.to(dtype).expand(shape[:-1])[..., None]
+    enter = torch.cat([zero, ends[..., :-1]], -1)  # the true state entering each chunk
+    return (hl + P * enter[..., None]).flatten(-2)[..., :L]  # 3. fix-up: h_t = local h_t + (product so far) * entering state
+
+# %% ../nbs/07_scan.ipynb #5e3b9a41
+def _sweep(A, X, big=None):
+    "In place: inclusive scan of time-major pairs (A, X), shape (T, m), along dim 0; T a power of two. `big`: clamp products."
+    T, d = A.shape[0], 1
+    while d < T:  # up-sweep: the right element of each pair absorbs the left one
+        r, l = slice(2 * d - 1, T, 2 * d), slice(d - 1, T, 2 * d)
+        X[r].addcmul_(A[r], X[l]); A[r].mul_(A[l])
+        if big: A[r].nan_to_num_(nan=math.nan, posinf=big, neginf=-big)
+        d *= 2
+    d = T // 4
+    while d >= 1:  # down-sweep (inclusive): the left element of each next pair absorbs the complete prefix before it
+        l, p = slice(3 * d - 1, T, 2 * d), slice(2 * d - 1, T - d, 2 * d)
+        X[l].addcmul_(A[l], X[p]); A[l].mul_(A[p])
+        if big: A[l].nan_to_num_(nan=math.nan, posinf=big, neginf=-big)
+        d //= 2
+
+def _rows(x, shape):
+    "x as (rows, time) for the broadcast `shape`, without materializing the broadcast: (2-D tensor, row index map or None)."
+    batch, R = shape[:-1], math.prod(shape[:-1])
+    xb = x.reshape((1,) * (len(shape) - x.dim()) + tuple(x.shape))
+    if tuple(xb.shape[:-1]) == tuple(batch): return xb.reshape(R, x.shape[-1]), None  # a view when x is contiguous
+    own = xb.reshape(-1, x.shape[-1])
+    return own, torch.arange(own.shape[0], device=x.device).view(xb.shape[:-1]).expand(batch).reshape(R)
+
+def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False, clamp=False):
+    "The tuned scan: blocks of about `block` elements, each transposed into a time-major workspace, swept in place, fixed up, written back."
+    *batch, L = shape
+    R = math.prod(batch)
+    T = min(T, 1 << (L - 1).bit_length())  # chunk length: a power of two
+    nc = -(-L // T); Lp = nc * T
+    rb = max(1, min(R, block // Lp))  # rows per block
+    a2, ia = _rows(a, shape); b2, ib = _rows(b, shape)
+    h2 = None if h0 is None else h0.to(dtype).expand(batch).reshape(R)
+    out = torch.empty(R, L, dtype=dtype, device=b.device)
+    wa = torch.empty(T, rb * nc, dtype=dtype, device=b.device); wx = torch.empty_like(wa)  # the workspace, reused by every block
+    stage = None
+    big = torch.finfo(dtype).max if clamp and not dtype.is_complex else None
+    for r0 in range(0, R, rb):
+        r1 = min(R, r0 + rb); n = r1 - r0; m = n * nc
+        A, X = wa[:, :m], wx[:, :m]  # (T, m): row t holds position t of every chunk of the block
+        for W, x2, ix, pad in ((A, a2, ia, 1.0), (X, b2, ib, 0.0)):  # 1. load (transposing)
+            xs = x2[r0:r1] if ix is None else x2.index_select(0, ix[r0:r1])  # (n, L), or (n, 1) when time-invariant
+            if xs.shape[-1] == 1: W.view(T, n, nc).copy_(xs.view(1, n, 1).expand(T, n, nc)); continue
+            if Lp == L and not reverse and xs.dtype == dtype and xs.is_contiguous(): W.copy_(xs.view(m, T).t()); continue
+            if stage is None: stage = torch.empty(rb, Lp, dtype=dtype, device=b.device)
+            s = stage[:n]
+            s[:, :L].copy_(xs.flip(-1) if reverse else xs); s[:, L:] = pad  # identity pairs (1, 0) pad the last chunk
+            W.copy_(s.view(m, T).t())
+        _sweep(A, X, big)  # 2. local inclusive scans of every chunk
+        hin = None if h2 is None else h2[r0:r1]
+        if nc > 1:  # 3. true states at the chunk ends (the same scan, on 1/T of the data), then the fix-up
+            ends = _scan_cpu(A[-1].view(n, nc), X[-1].view(n, nc), hin, (n, nc), dtype, T, block, clamp=True)
+            zero = torch.zeros_like(ends[:, :1]) if hin is None else hin[:, None]
+            X.addcmul_(A, torch.cat([zero, ends[:, :-1]], 1).view(1, m))
+        elif hin is not None: X.addcmul_(A, hin.view(1, m))
+        if Lp == L and not reverse: out[r0:r1].view(m, T).copy_(X.t()); continue  # 4. store (transposing back)
+        if stage is None: stage = torch.empty(rb, Lp, dtype=dtype, device=b.device)
+        s = stage[:n]
+        s.view(m, T).copy_(X.t())
+        out[r0:r1].copy_(s[:, :L].flip(-1) if reverse else s[:, :L])
+    return out.view(shape)
+
+# %% ../nbs/07_scan.ipynb #c7a0d2f9
+def _toeplitz_powers(a, T, dtype):
+    "For a constant decay `a` (..., 1): M (..., T, T) with $M_{ts} = a^{t-s}$ for $s \\le t$ (else 0), and $a^1 \\dots a^T$ (..., T)."
+    hp = torch.complex128 if dtype.is_complex else torch.float64  # powers in double precision, then rounded once
+    pw = torch.cumprod(a.to(hp).expand(*a.shape[:-1], T), -1)
+    lag = torch.arange(T, device=a.device)[:, None] - torch.arange(T, device=a.device)[None, :]
+    p0 = torch.cat([torch.ones_like(pw[..., :1]), pw[..., :-1]], -1)  # a^0 .. a^{T-1}
+    M = torch.where(lag >= 0, p0[..., lag.clamp(min=0)], torch.zeros((), dtype=hp, device=a.device))
+    return M.to(dtype), pw.to(dtype)
+
+def _scan_lti(a, b, h0, shape, dtype, T=16):
+    "Constant decay per sequence, a (..., 1): the local scans are one batched matmul with the Toeplitz matrix of powers, then a carry."
+    *batch, L = shape
+    T = min(T, 1 << (L - 1).bit_length())
+    nc, pad = -(-L // T), -L % T
+    M, pw = _toeplitz_powers(a, T, dtype)
+    x = b.to(dtype) if pad == 0 else F.pad(b.to(dtype), (0, pad))
+    h = torch.matmul(x.unflatten(-1, (nc, T)), M.mT)  # (..., nc, T): local scans from zero
+    hin = None if h0 is None else h0.to(dtype).expand(batch)
+    if nc > 1:
+        ends = _scan_lti(pw[..., -1:], h[..., -1], hin, (*batch, nc), dtype, T)  # chunk ends: the same scan with decay a^T
+        enter = torch.cat([torch.zeros_like(ends[..., :1]) if hin is None else hin[..., None], ends[..., :-1]], -1)
+        h.addcmul_(enter[..., None], pw[..., None, :])  # h_t += a^{t+1} (state entering the chunk); h is our own tensor
+    elif hin is not None: h.addcmul_(hin[..., None, None], pw[..., None, :])
+    h = h.flatten(-2)
+    return h if pad == 0 else h[..., :L].contiguous()
+
+def _lti_ok(a, b, dtype):
+    "The matmul path is exact and causal when |a| <= 1 and every b is finite (0 times a later NaN would be NaN); else the sweep."
+    if values_hidden(b): return False
+    return bool((a.abs() <= 1).all()) and bool(torch.isfinite(b.sum(dtype=dtype)))
+
+def _scan_fast(a, b, h0, shape, dtype, reverse=False):
+    "Dispatch: a meta result, the LTI matmul path, or the swept blocks (one block on a GPU, cache-sized blocks on a CPU)."
+    if b.device.type == "meta": return torch.empty(shape, dtype=dtype, device="meta")
+    if a.shape[-1] == 1 and shape[-1] > 1 and not reverse and _lti_ok(a, b, dtype): return _scan_lti(a, b, h0, shape, dtype)
+    return _scan_cpu(a, b, h0, shape, dtype, block=1 << 20 if b.device.type == "cpu" else 1 << 62, reverse=reverse)
 
 # %% ../nbs/07_scan.ipynb #b636d5b7
 def _reverse_scan(a, b):
-    "g_t = a_t g_{t+1} + b_t, from the end of the sequence."
-    return scan_chunked(a.flip(-1), b.flip(-1)).flip(-1)
+    "$g_t = a_t g_{t+1} + b_t$ from the end of the sequence; differentiable itself when autograd records (double backward)."
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    if torch.is_grad_enabled(): return _Scan.apply(a.flip(-1) if a.shape[-1] > 1 else a, b.flip(-1), None).flip(-1)
+    return _scan_fast(a, b, None, shape, _dtype(a, b, None), reverse=True)
 
-def _sum_to(g, x):
-    "Reduce gradient `g` to the shape and dtype of input `x` (undoing broadcasting; real part for real inputs)."
-    g = g.sum_to_size(x.shape)
-    return g if x.is_complex() else g.real
+def _save_scan(ctx, a, b, h0, h):
+    "What the backward needs: a, h0 and h; of b only its shape and dtype (also used by notebook 10's Triton Function)."
+    ctx.save_for_backward(a, h0, h)
+    ctx.b_shape, ctx.b_dtype = b.shape, b.dtype
+
+def _sum_to(g, shape, dtype):
+    "Reduce gradient `g` to an input's shape (undoing broadcasting) and dtype (the real part for a real input)."
+    g = g.sum_to_size(shape)
+    return (g if dtype.is_complex else g.real).to(dtype)
 
 def _scan_grads(ctx, gh, reverse_scan):
-    "(da, db, dh0) of h = scan(a, b, h0) from dL/dh by one reverse scan; `reverse_scan(a, b)` is the backend's (also used by notebook 10)."
-    a, b, h0, h = ctx.saved_tensors
-    dtype = h.dtype
-    a_next = a.to(dtype)[..., 1:] if a.shape[-1] > 1 else a.to(dtype)  # a_{t+1}; the value at t = L-1 is never used
-    if a.shape[-1] > 1: a_next = torch.nn.functional.pad(a_next, (0, 1))
+    "(da, db, dh0) of $h$ = scan(a, b, h0) from $\\partial\\mathcal{L}/\\partial h$ by one reverse scan `reverse_scan(a, b)` (the backend's)."
+    saved = ctx.saved_tensors
+    if len(saved) == 4: a, b, h0, h = saved; ctx.b_shape, ctx.b_dtype = b.shape, b.dtype  # a Function that saved b itself
+    else: a, h0, h = saved
+    dtype = torch.promote_types(h.dtype, torch.float32)  # half precision: gradients computed in float32
+    a_next = F.pad(a.to(dtype)[..., 1:], (0, 1)) if a.shape[-1] > 1 else a.to(dtype)  # a_{t+1}; the value at t = L-1 is never used
     g = reverse_scan(a_next.conj(), gh.to(dtype))  # total gradients dL/dh_t
+    h = h.to(dtype)
     h_prev = torch.cat([(torch.zeros_like(h[..., :1]) if h0 is None else h0.to(dtype).expand(h.shape[:-1])[..., None]), h[..., :-1]], -1)
-    da = _sum_to(g * h_prev.conj(), a) if ctx.needs_input_grad[0] else None
-    db = _sum_to(g, b) if ctx.needs_input_grad[1] else None
-    dh0 = _sum_to(a.to(dtype)[..., 0].conj() * g[..., 0], h0) if h0 is not None and ctx.needs_input_grad[2] else None
+    da = _sum_to(g * h_prev.conj(), a.shape, a.dtype) if ctx.needs_input_grad[0] else None
+    db = _sum_to(g, ctx.b_shape, ctx.b_dtype) if ctx.needs_input_grad[1] else None
+    dh0 = _sum_to(a.to(dtype)[..., 0].conj() * g[..., 0], h0.shape, h0.dtype) if h0 is not None and ctx.needs_input_grad[2] else None
     return da, db, dh0
 
 class _Scan(torch.autograd.Function):
+    "The scan with its reverse-scan backward; half precision is computed in float32 and rounded once."
     @staticmethod
     def forward(ctx, a, b, h0):
-        h = scan_chunked(a, b, h0)
-        ctx.save_for_backward(a, b, h0, h)
+        shape, dtype = torch.broadcast_shapes(a.shape, b.shape), _dtype(a, b, h0)
+        work = torch.promote_types(dtype, torch.float32)
+        h = _scan_fast(a, b, h0, shape, work).to(dtype)
+        _save_scan(ctx, a, b, h0, h)
         return h
 
     @staticmethod
     def backward(ctx, gh): return _scan_grads(ctx, gh, _reverse_scan)
 
 def scan(
-    a:Tensor, # decays, (..., L); (..., 1) for a time-invariant decay
-    b:Tensor, # inputs, (..., L)
-    h0:Tensor|None=None, # initial state h_{-1}, (...)
+    a:Tensor, # decays $a_t$, (..., L); (..., 1) for a time-invariant decay
+    b:Tensor, # inputs $b_t$, (..., L)
+    h0:Tensor|None=None, # initial state $h_{-1}$, (...)
     backend:str="auto", # "auto", "torch" or "triton"
-    return_last:bool=False, # also return the last state h_{L-1}
-): # h (..., L), or (h, h_{L-1})
-    "h_t = a_t h_{t-1} + b_t along the last axis: the fast public scan, with a reverse-scan backward."
+    return_last:bool=False, # also return the last state $h_{L-1}$
+): # $h$ (..., L), or ($h$, $h_{L-1}$)
+    "$h_t = a_t h_{t-1} + b_t$ along the last axis: the fast public scan, with a reverse-scan backward."
     _check_scan(a, b, h0)
     if resolve_backend(backend, b, has_triton=True, name="scan") == "triton":
         from ssm_course.triton_scan import scan_triton  # notebook 10; imported only when asked for
