@@ -180,7 +180,11 @@ def _scan_dtype(a, b, h0):
     return dtype
 
 # %% ../nbs/10_triton_scan.ipynb #la000001
-def _scan_fwd(a, b, h0=None):
+def _scan_fwd(
+    a:Tensor, # decays, broadcastable to (..., L)
+    b:Tensor, # inputs
+    h0:Tensor|None=None, # initial state $h_{-1}$, (...)
+)->Tensor: # h, (..., L)
     "$h_t = a_th_{t-1} + b_t$ along the last axis by `_scan_fwd_kernel`."
     shape, dtype = _check_scan(a, b, h0), _scan_dtype(a, b, h0)
     *batch, L = shape
@@ -263,7 +267,9 @@ def compile_specs()->list: # one dict per kernel variant (see notebook 10b)
 def perf_model()->list: # one dict per op and direction at BENCH_SHAPE
     "Bytes, flops and transcendentals of the float32 scan at `BENCH_SHAPE`, counted from the kernels' loads, stores and arithmetic."
     n = math.prod(BENCH_SHAPE)
-    # forward: read a, b; write h. A combine is a multiply and a multiply-add (3 flops); the scan applies about two per element.
-    # backward: read a_{t+1}, dL/dh, h_{t-1}; write da, db; the same scan plus one multiply for da.
-    return [{"op": "scan", "direction": "fwd", "shape": list(BENCH_SHAPE), "dtype": "float32", "bytes": 4 * 3 * n, "flops": 6 * n, "transcendentals": 0},
-            {"op": "scan", "direction": "bwd", "shape": list(BENCH_SHAPE), "dtype": "float32", "bytes": 4 * 5 * n, "flops": 7 * n, "transcendentals": 0}]
+    # bytes: forward reads a, b and writes h; backward reads a_{t+1}, dL/dh, h_{t-1} and writes da, db (4 bytes each).
+    # flops per element as compiled (the float32 kernels' block loop in sm_90 PTX, an FMA counted as 2; notebook 10 recounts
+    # them): about 15 forward and 17 backward. The combine (a multiply and an FMA, 3 flops) runs about five times per element
+    # in the three-level scan that tl.associative_scan generates.
+    return [{"op": "scan", "direction": "fwd", "shape": list(BENCH_SHAPE), "dtype": "float32", "bytes": 4 * 3 * n, "flops": 15 * n, "transcendentals": 0},
+            {"op": "scan", "direction": "bwd", "shape": list(BENCH_SHAPE), "dtype": "float32", "bytes": 4 * 5 * n, "flops": 17 * n, "transcendentals": 0}]
