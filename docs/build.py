@@ -382,26 +382,30 @@ def render_page(page, pages, i, cfg, theme, fragment) -> str:
 
 # ---------------------------------------------------------------- search
 class _Sections(HTMLParser):
-    "Split a rendered page into searchable sections: anchor, heading, prose and formulas' TeX (code and outputs left out)."
+    """Split a rendered page into searchable sections: anchor, heading, prose, formulas' TeX and an API entry's
+    signature (other code and the outputs left out)."""
     void = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
     skipped = {"pre", "math", "script", "style", "figure"}
     def __init__(self):
-        super().__init__(); self.docs = [{"a": "", "t": "", "x": []}]; self.open = []
+        super().__init__(); self.docs = [{"a": "", "t": "", "x": []}]; self.open = []  # (tag, skip, section id, api)
     def handle_starttag(self, tag, attrs):
         if tag in self.void: return
         a = dict(attrs); cls = set((a.get("class") or "").split())
         skip = tag in self.skipped or bool(cls & {"anchor", "cell-output", "api-source"})
-        self.open.append((tag, skip, a.get("id") if tag == "section" else None))
+        in_api = next((api for t, _, _, api in reversed(self.open) if t == "section"), False)
+        if tag == "pre" and in_api and not self.docs[-1].get("sig"): skip = self.docs[-1]["sig"] = False  # the signature
+        self.open.append((tag, skip, a.get("id") if tag == "section" else None, tag == "section" and "api" in cls))
         if re.fullmatch(r"h[1-6]", tag):
-            self.docs.append({"a": next((i for _, _, i in reversed(self.open) if i), ""), "t": "", "x": []})
+            self.docs.append({"a": next((i for _, _, i, _ in reversed(self.open) if i), ""), "t": "", "x": []})
     def handle_endtag(self, tag):
-        if any(t == tag for t, _, _ in self.open):
+        if tag == "pre" and self.docs[-1].get("sig") is False: self.docs[-1]["sig"] = True
+        if any(t == tag for t, _, _, _ in self.open):
             while self.open.pop()[0] != tag: pass
     def handle_data(self, data):
-        skipping = [t for t, s, _ in self.open if s]
+        skipping = [t for t, s, _, _ in self.open if s]
         if skipping and not (skipping == ["math"] and self.open[-1][0] == "annotation"): return  # a formula: its TeX
         d = self.docs[-1]
-        if any(re.fullmatch(r"h[1-6]", t) for t, _, _ in self.open): d["t"] += data
+        if any(re.fullmatch(r"h[1-6]", t) for t, _, _, _ in self.open): d["t"] += data
         else: d["x"].append(data)
 
 
