@@ -152,3 +152,89 @@ def test_nonleaf_gradients():
         got = torch.autograd.grad(scan(w * 0.9, w * 1.0).sum(), w)[0]
         ref = torch.autograd.grad(scan_sequential(w * 0.9, w * 1.0).sum(), w)[0]
         torch.testing.assert_close(got, ref)
+
+
+# ---- issue 13 items 6, 7 and the unclear errors; issue 19 item 10 ------------------------------------------
+def test_growing_decay_without_inf_times_zero():
+    "Issue 13 item 6: a = 2, b zero except the last 5 steps: the loop's 1, 3, 7, 15, 31, not NaN (also time-invariant)."
+    for L in (200, 5000):
+        a, b = torch.full((2, L), 2.0), torch.zeros(2, L)
+        b[:, -5:] = 1.0
+        for f in (scan_sequential, scan_parallel, scan_chunked, scan, lambda a, b: scan(a[:, :1], b)):
+            assert f(a, b)[:, -5:].tolist() == [[1.0, 3.0, 7.0, 15.0, 31.0]] * 2
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e30])
+@pytest.mark.parametrize("lti", [True, False])
+def test_outputs_before_t_ignore_later_inputs(bad, lti):
+    "Issue 13 item 7: a NaN, inf or huge input at t = 30 leaves every output before t as the clean input gives it."
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(3, 1 if lti else 200, generator=g) * 0.5 + 0.5
+    b = torch.randn(2, 3, 200, generator=g)
+    bb = b.clone(); bb[..., 30] = bad
+    for h0 in (None, torch.randn(2, 3, generator=g)):
+        h = scan(a, bb, h0)
+        torch.testing.assert_close(h[..., :30], scan_sequential(a, b, h0)[..., :30], rtol=1e-5, atol=1e-5)
+        if bad != 1e30: assert not torch.isfinite(h[..., 30:]).any()
+
+
+def test_double_backward():
+    "Issue 13: double backward through scan raised 'addcmul() out='; now second derivatives match finite differences."
+    g = torch.Generator().manual_seed(0)
+    for lti in (False, True):
+        args = (torch.rand(2, 1 if lti else 6, generator=g, dtype=torch.float64, requires_grad=True),
+                torch.randn(2, 6, generator=g, dtype=torch.float64, requires_grad=True), torch.randn(2, generator=g, dtype=torch.float64, requires_grad=True))
+        assert torch.autograd.gradgradcheck(scan, args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_computed_in_float32(dtype):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(3, 300, generator=g).to(dtype), torch.randn(3, 300, generator=g).to(dtype)
+    h = scan(a, b)
+    assert h.dtype == dtype
+    ref = scan_sequential(a.double(), b.double())
+    eps = torch.finfo(dtype).eps
+    assert ((h.double() - ref).abs() <= eps * ref.abs() + 2 * eps).all()  # one rounding of a float32 result
+    a.requires_grad_(); b.requires_grad_()
+    scan(a, b).sum().backward()
+    assert a.grad.dtype == dtype and torch.isfinite(a.grad.float()).all()
+
+
+def test_meta_and_integer_inputs():
+    h = scan(torch.rand(4, 3, 10, device="meta"), torch.rand(4, 3, 10, device="meta"), torch.rand(4, 3, device="meta"))
+    assert h.shape == (4, 3, 10) and h.device.type == "meta"
+    assert scan(torch.ones(5, dtype=torch.int64), torch.ones(5, dtype=torch.int64)).dtype == torch.get_default_dtype()
+    torch.testing.assert_close(scan(torch.full((5,), 2), torch.ones(5, dtype=torch.int32)), torch.tensor([1.0, 3, 7, 15, 31]))
+
+
+def test_backward_saves_no_copy_of_b():
+    "Issue 19 item 10: the autograd graph keeps a, h0 and h; of b only its shape and dtype."
+    a = torch.rand(3, 50, requires_grad=True); b = torch.randn(3, 50, requires_grad=True)
+    h = scan(a, b)
+    saved = [t for t in h.grad_fn.saved_tensors if t is not None]
+    assert not any(t is b or (t.data_ptr() == b.data_ptr()) for t in saved) and len(saved) == 2
+
+
+def test_matches_mambapy_pscan():
+    "An independent implementation: mambapy's pscan on its native (B, L, D, N) layout (skipped when mambapy is absent)."
+    pscan = pytest.importorskip("mambapy.pscan").pscan
+    g = torch.Generator().manual_seed(0)
+    a, b = 0.8 + 0.2 * torch.rand(2, 16, 100, generator=g), torch.randn(2, 16, 100, generator=g)
+    ref = pscan(a.transpose(1, 2)[..., None].contiguous(), b.transpose(1, 2)[..., None].contiguous())[..., 0].transpose(1, 2)
+    torch.testing.assert_close(scan(a, b), ref, rtol=1e-5, atol=1e-5)
+
+
+BAD2 = [
+    (lambda: scan_chunked(torch.ones(3), torch.ones(3), chunk=2.5), TypeError, "chunk"),
+    (lambda: scan_chunked(torch.ones(3), torch.ones(3), chunk=0), ValueError, "chunk"),
+    (lambda: scan_chunked(torch.ones(3), torch.ones(3), chunk=True), TypeError, "chunk"),
+    (lambda: scan(torch.ones(3, dtype=torch.bool), torch.ones(3)), TypeError, "a"),
+    (lambda: scan(torch.ones(3), torch.ones(3, dtype=torch.bool)), TypeError, "b"),
+]
+
+
+@pytest.mark.parametrize("call,exc,word", BAD2, ids=[f"{b[2]}-{i}" for i, b in enumerate(BAD2)])
+def test_bad_input_extra(call, exc, word):
+    with pytest.raises(exc, match=rf"\b{word}\b"):
+        call()
