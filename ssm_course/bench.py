@@ -282,7 +282,10 @@ def kernel_diag_peak_memory(quick:bool=False, # tiny shapes
                            )->dict: # implementation -> MB
     "Peak extra resident memory (MB) of one call of each `ssm_kernel_diag` implementation, each in a fresh process (Linux)."
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}  # large blocks go straight back to the OS: the resident size tracks live tensors
-    one = lambda k: float(subprocess.run([sys.executable, "-c", _PEAK, "quick" if quick else "full", k], capture_output=True, text=True, check=True, env=env).stdout)
+    def one(k):
+        r = subprocess.run([sys.executable, "-c", _PEAK, "quick" if quick else "full", k], capture_output=True, text=True, env=env)
+        if r.returncode: raise RuntimeError(f"peak memory of {k} failed:\n{r.stderr[-2000:]}")
+        return float(r.stdout)
     return {k: one(k) for k in case_kernel_diag(quick).fns}
 
 def evaluate(case:Case, # the case
@@ -323,8 +326,8 @@ def run(quick:bool=False, # tiny shapes and one short round: checks the machiner
     res = {**machine_info(threads), "mode": "quick" if quick else "full", "rounds": rounds, "min_run_time": min_run_time,
            "copy_GBps": copy_bandwidth(1 << 20 if quick else 1 << 25, threads, rounds, min(min_run_time, 0.2)),
            "matmul_GFLOPs": matmul_peak(256 if quick else 1024, threads, rounds, min(min_run_time, 0.2))}
-    if not quick and Path("/proc/self/clear_refs").exists(): res["ssm_kernel_diag_peak_MB"] = kernel_diag_peak_memory()
     cases = cases or CASES
+    if not quick and case_kernel_diag in cases and Path("/proc/self/clear_refs").exists(): res["ssm_kernel_diag_peak_MB"] = kernel_diag_peak_memory()
     if progress:
         from fastprogress.fastprogress import progress_bar
         cases = progress_bar(cases)
