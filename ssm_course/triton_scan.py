@@ -14,7 +14,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 from .scan import _check_scan
-from .checks import common_dtype
+from .checks import common_dtype, resolve_backend
 
 # %% ../nbs/10_triton_scan.ipynb #c0436ae7
 @triton.jit
@@ -187,6 +187,9 @@ def _scan_fwd(
 )->Tensor: # h, (..., L)
     "$h_t = a_th_{t-1} + b_t$ along the last axis by `_scan_fwd_kernel`."
     shape, dtype = _check_scan(a, b, h0), _scan_dtype(a, b, h0)
+    resolve_backend("triton", b, name="scan_triton")  # CUDA tensors, or CPU under the interpreter
+    for name, x in (("a", a), ("h0", h0)):
+        if x is not None and x.device != b.device: raise ValueError(f"{name} is on {x.device} but b is on {b.device}: the Triton scan needs all on one device")
     *batch, L = shape
     R = math.prod(batch)
     h = torch.empty(R, L, dtype=dtype, device=b.device)

@@ -117,6 +117,13 @@ def test_dispatch(monkeypatch):
     with pytest.raises(ValueError, match="backend must be one of"): scan(torch.rand(3), torch.rand(3), backend="cuda")
 
 
+def test_scan_triton_refuses_cpu_tensors_without_the_interpreter_and_mixed_devices(monkeypatch):
+    from ssm_course.triton_scan import scan_triton
+    with pytest.raises(ValueError, match="h0 is on meta"): scan_triton(torch.rand(2, 3), torch.rand(2, 3), torch.zeros(2, device="meta"))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="needs CUDA tensors"): scan_triton(torch.rand(3), torch.rand(3))
+
+
 def test_unsupported_arguments_raise_instead_of_falling_back():
     with pytest.raises(ValueError, match="float32"): scan(torch.rand(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64), backend="triton")
 
