@@ -8,11 +8,11 @@ Docs: https://ssm-course.github.io/ssm_course/layers.html.md"""
 __all__ = ['LAYERS', 'S4D', 'S4', 'DSS', 'LRU', 'Mamba', 'ssm_param_groups', 'SequenceModel']
 
 # %% ../nbs/12_layers.ipynb #b7d8eb4a
-import math
+import contextlib, math
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
-from .checks import check_tensor, check_choice
+from .checks import check_tensor, check_choice, check_size, check_positive, values_hidden
 from .discretize import discretize, discretize_diag
 from .hippo import dplr
 from .inits import S4D_INITS, s4d_init, dss_init, log_uniform_dt
@@ -21,16 +21,46 @@ from .scan import scan
 from .selective import selective_scan
 
 # %% ../nbs/12_layers.ipynb #4ed647d8
-def _check_x(x, H, name="x"):
-    "Check a layer input of shape (batch, length, H)."
-    check_tensor(x, name, ndim=3)
-    if x.shape[-1] != H: raise ValueError(f"{name} must have shape (batch, length, d_model={H}), got {tuple(x.shape)}")
-    if x.shape[1] == 0: raise ValueError(f"{name} is an empty sequence: shape {tuple(x.shape)}")
-    return x
+_HALF = (torch.float16, torch.bfloat16)
 
-def _c(p): return torch.view_as_complex(p)  # complex view of a (..., 2) real parameter
+def _f32(t): return t.float() if t.dtype in _HALF else t  # half precision is computed in float32
+
+def _c(p): return torch.view_as_complex(_f32(p))  # complex view of a (..., 2) real parameter
 
 def _cparam(z): return nn.Parameter(torch.view_as_real(z.to(torch.complex64)).clone())
+
+# %% ../nbs/12_layers.ipynb #43c74f12
+def _check_x(x, H, name="x", ndim=3):
+    "Check a layer input: a real floating-point tensor (batch, length, H), or (batch, H) for a step."
+    check_tensor(x, name, ndim=ndim)
+    if not x.is_floating_point(): raise TypeError(f"{name} must be a real floating-point tensor, got {x.dtype}")
+    if x.shape[-1] != H: raise ValueError(f"{name} must have shape ({'batch, length' if ndim == 3 else 'batch'}, d_model={H}), got {tuple(x.shape)}")
+    if ndim == 3 and x.shape[1] == 0: raise ValueError(f"{name} is an empty sequence: shape {tuple(x.shape)}")
+    return x
+
+def _check_state(state, shape, name="state"):
+    "Check a carried state against the shape that `initial_state(batch)` gives."
+    check_tensor(state, name)
+    if tuple(state.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} (as initial_state(batch) gives for this input), got {tuple(state.shape)}")
+    return state
+
+def _working(x, p):
+    "`x` in the dtype the layer computes in: float32, or float64 when the input or the parameter `p` is float64."
+    return x.to(torch.promote_types(_f32(x).dtype, _f32(p).dtype))
+
+def _no_autocast(x):
+    "Autocast off on `x`'s device: the SSM's own arithmetic stays in float32 or float64 under mixed precision."
+    dev = x.device.type
+    return torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else contextlib.nullcontext()
+
+def _check_dt_range(dt_min, dt_max):
+    check_positive(dt_min, "dt_min"); check_positive(dt_max, "dt_max")
+    if dt_min > dt_max: raise ValueError(f"need dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+
+def _check_d_state(d_state, init):
+    check_size(d_state, "d_state", min=1 if init == "real" else 2)
+    if init != "real" and d_state % 2: raise ValueError(f"d_state must be even for init={init!r} (N/2 complex conjugate pairs), got {d_state}")
 
 # %% ../nbs/12_layers.ipynb #171840da
 class S4D(nn.Module):
@@ -40,11 +70,15 @@ class S4D(nn.Module):
                  d_model:int, # channels H
                  d_state:int=64, # N (N/2 complex states, or N real ones for init="real")
                  init:str="legs", # "legs", "inv", "lin" or "real" (see notebook 06)
-                 dt_min:float=1e-3, dt_max:float=1e-1): # range of the log-uniform steps
+                 dt_min:float=1e-3, # smallest initial step
+                 dt_max:float=1e-1, # largest initial step
+                ):
         super().__init__()
+        H = self.d_model = check_size(d_model, "d_model")
+        check_choice(init, "init", set(S4D_INITS)); _check_d_state(d_state, init); _check_dt_range(dt_min, dt_max)
         Lambda, B = s4d_init(init, d_state, torch.complex128)
         Lambda, B = Lambda.to(torch.complex128), B.to(torch.complex128)
-        H, self.d_model, self.scale = d_model, d_model, 1.0 if init == "real" else 2.0
+        self.scale = 1.0 if init == "real" else 2.0
         self.log_neg_re = nn.Parameter(torch.log(-Lambda.real).float().repeat(H, 1))
         self.im = nn.Parameter(Lambda.imag.float().repeat(H, 1))
         self.B = _cparam(B.repeat(H, 1))
@@ -53,43 +87,69 @@ class S4D(nn.Module):
         self.log_dt = nn.Parameter(torch.log(log_uniform_dt((H,), dt_min, dt_max, dtype=torch.float64)).float())
 
     def discrete(self):
-        "(dA, dB), each (H, N/2), by ZOH."
-        Lambda = torch.complex(-torch.exp(self.log_neg_re), self.im)
-        return discretize_diag(Lambda, _c(self.B), torch.exp(self.log_dt), "zoh")
+        "$(\\bar A, \\bar B)$, each (H, N/2), by ZOH."
+        Lambda = torch.complex(-torch.exp(_f32(self.log_neg_re)), _f32(self.im))
+        return discretize_diag(Lambda, _c(self.B), torch.exp(_f32(self.log_dt)), "zoh")
 
-    def kernel(self, L:int)->Tensor:
-        "The real convolution kernel, (H, L)."
+    def kernel(self,
+               L:int, # kernel length
+              )->Tensor: # (H, L)
+        "The real convolution kernel."
         dA, dB = self.discrete()
-        return self.scale * ssm_kernel_diag(dA, dB, _c(self.C), L).real
+        return self.scale * ssm_kernel_diag(dA, dB, _c(self.C), check_size(L, "L")).real
 
-    def initial_state(self, batch:int)->Tensor:
-        return torch.zeros(batch, *self.im.shape, dtype=_c(self.C).dtype, device=self.im.device)
+    def initial_state(self,
+                      batch:int, # batch size
+                     )->Tensor: # (batch, H, N/2), complex
+        "The zero state."
+        return torch.zeros(check_size(batch, "batch", min=0), *self.im.shape, dtype=_c(self.C).dtype, device=self.im.device)
 
-    def forward(self, x:Tensor, state:Tensor|None=None, return_state:bool=False):
-        u = _check_x(x, self.d_model).transpose(1, 2)  # (b, H, L)
-        L = u.shape[-1]
-        dA, dB = self.discrete()
-        C = _c(self.C)
-        y = causal_conv(u, self.scale * ssm_kernel_diag(dA, dB, C, L).real) + self.D[:, None] * u
-        if state is not None: y = y + self.scale * ssm_kernel_diag(dA, dA * state, C, L).real  # free response of the state
-        y = y.transpose(1, 2)
-        if not return_state: return y
-        _, last = scan(dA[..., None], dB[..., None] * u[:, :, None, :].to(dB.dtype), state, return_last=True)  # (b, H, N/2)
+    def forward(self,
+                x:Tensor, # (batch, length, H)
+                state:Tensor|None=None, # the state to continue from (default: zero)
+                return_state:bool=False, # also return the final state
+               ):
+        "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
+        u = _working(_check_x(x, self.d_model), self.D).transpose(1, 2)  # (b, H, L)
+        if state is not None: _check_state(state, (x.shape[0], *self.im.shape))
+        with _no_autocast(x):
+            L = u.shape[-1]
+            dA, dB = self.discrete()
+            C = _c(self.C)
+            y = causal_conv(u, self.scale * ssm_kernel_diag(dA, dB, C, L).real) + _f32(self.D)[:, None] * u
+            if state is not None: y = y + self.scale * ssm_kernel_diag(dA, dA * state, C, L).real  # free response of the state
+            y = y.transpose(1, 2).to(x.dtype)
+            if not return_state: return y
+            _, last = scan(dA[..., None], dB[..., None] * u[:, :, None, :].to(dB.dtype), state, return_last=True)  # (b, H, N/2)
         return y, last
 
-    def step(self, x_t:Tensor, state:Tensor):
-        dA, dB = self.discrete()
-        state = dA * state + dB * x_t[..., None]
-        return self.scale * (_c(self.C) * state).sum(-1).real + self.D * x_t, state
+    def step(self,
+             x_t:Tensor, # (batch, H), one time step
+             state:Tensor, # (batch, H, N/2)
+            ): # (y_t (batch, H), the new state)
+        "One step of the recurrence."
+        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2), self.D)
+        _check_state(state, (x_t.shape[0], *self.im.shape))
+        with _no_autocast(x_t):
+            dA, dB = self.discrete()
+            state = dA * state + dB * u[..., None]
+            return (self.scale * (_c(self.C) * state).sum(-1).real + _f32(self.D) * u).to(x_t.dtype), state
 
 # %% ../nbs/12_layers.ipynb #177bf809
 class S4(nn.Module):
     "S4 with a DPLR state matrix: Cauchy-kernel convolution for training, dense recurrence for inference."
     ssm_params = ("log_neg_re", "im", "P", "B", "log_dt")
-    def __init__(self, d_model:int, d_state:int=64, measure:str="legs", dt_min:float=1e-3, dt_max:float=1e-1):
+    def __init__(self,
+                 d_model:int, # channels H
+                 d_state:int=64, # N, the state size (all N eigenvalues are kept)
+                 measure:str="legs", # HiPPO measure of the initialization (notebook 03): "legs" or "legt"
+                 dt_min:float=1e-3, # smallest initial step
+                 dt_max:float=1e-1, # largest initial step
+                ):
         super().__init__()
+        H = self.d_model = check_size(d_model, "d_model")
+        check_size(d_state, "d_state"); _check_dt_range(dt_min, dt_max)
         Lambda, P, B, V = dplr(measure, d_state)
-        H, self.d_model = d_model, d_model
         self.log_neg_re = nn.Parameter(torch.log((-Lambda.real).clamp(min=1e-4)).float().repeat(H, 1))  # LegT's Re = 0: a tiny damping
         self.im = nn.Parameter(Lambda.imag.float().repeat(H, 1))
         self.P = _cparam(P.expand(H, *P.shape))
@@ -99,89 +159,147 @@ class S4(nn.Module):
         self.log_dt = nn.Parameter(torch.log(log_uniform_dt((H,), dt_min, dt_max, dtype=torch.float64)).float())
 
     def params(self):
-        "(Lambda, P, B, C, dt) in complex form."
-        return torch.complex(-torch.exp(self.log_neg_re), self.im), _c(self.P), _c(self.B), _c(self.C), torch.exp(self.log_dt)
+        "$(\\Lambda, P, B, C, \\Delta)$ in complex form."
+        Lambda = torch.complex(-torch.exp(_f32(self.log_neg_re)), _f32(self.im))
+        return Lambda, _c(self.P), _c(self.B), _c(self.C), torch.exp(_f32(self.log_dt))
 
     def discrete(self):
-        "Dense bilinear (dA (H, N, N), dB (H, N))."
+        "Dense bilinear $(\\bar A$ (H, N, N), $\\bar B$ (H, N))."
         Lambda, P, B, _, dt = self.params()
         Pm = P if P.dim() == 3 else P[:, None]  # (H, r, N)
         A = torch.diag_embed(Lambda) - Pm.mT @ Pm.conj()
         return discretize(A, B, dt, "bilinear")
 
-    def kernel(self, L:int)->Tensor:
+    def kernel(self,
+               L:int, # kernel length
+              )->Tensor: # (H, L)
+        "The real convolution kernel, by S4's Cauchy-kernel algorithm."
         Lambda, P, B, C, dt = self.params()
-        return ssm_kernel_dplr(Lambda, P, B, C, dt, L).real
+        return ssm_kernel_dplr(Lambda, P, B, C, dt, check_size(L, "L")).real
 
-    def initial_state(self, batch:int)->Tensor:
-        return torch.zeros(batch, *self.im.shape, dtype=_c(self.C).dtype, device=self.im.device)
+    def initial_state(self,
+                      batch:int, # batch size
+                     )->Tensor: # (batch, H, N), complex
+        "The zero state."
+        return torch.zeros(check_size(batch, "batch", min=0), *self.im.shape, dtype=_c(self.C).dtype, device=self.im.device)
 
-    def forward(self, x:Tensor, state:Tensor|None=None, return_state:bool=False):
-        u = _check_x(x, self.d_model).transpose(1, 2)  # (b, H, L)
-        L = u.shape[-1]
-        y = causal_conv(u, self.kernel(L)) + self.D[:, None] * u
-        if state is not None or return_state:
-            dA, dB = self.discrete()
-            C = _c(self.C)
-        if state is not None:  # free response: Re C dA^{t+1} x
-            y = y + torch.einsum("hn,bhnl->bhl", C, krylov(dA, (dA @ state[..., None])[..., 0], L)).real
-        y = y.transpose(1, 2)
-        if not return_state: return y
-        last = torch.einsum("hnl,bhl->bhn", krylov(dA, dB, L).flip(-1), u.to(dB.dtype))  # sum_s dA^{L-1-s} dB u_s
-        if state is not None: last = last + (torch.linalg.matrix_power(dA, L) @ state[..., None])[..., 0]
+    def forward(self,
+                x:Tensor, # (batch, length, H)
+                state:Tensor|None=None, # the state to continue from (default: zero)
+                return_state:bool=False, # also return the final state
+               ):
+        "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
+        u = _working(_check_x(x, self.d_model), self.D).transpose(1, 2)  # (b, H, L)
+        if state is not None: _check_state(state, (x.shape[0], *self.im.shape))
+        with _no_autocast(x):
+            L = u.shape[-1]
+            y = causal_conv(u, self.kernel(L)) + _f32(self.D)[:, None] * u
+            if state is not None or return_state:
+                dA, dB = self.discrete()
+                C = _c(self.C)
+            if state is not None:  # free response: Re C dA^{t+1} x
+                y = y + torch.einsum("hn,bhnl->bhl", C, krylov(dA, (dA @ state[..., None])[..., 0], L)).real
+            y = y.transpose(1, 2).to(x.dtype)
+            if not return_state: return y
+            last = torch.einsum("hnl,bhl->bhn", krylov(dA, dB, L).flip(-1), u.to(dB.dtype))  # sum_s dA^{L-1-s} dB u_s
+            if state is not None: last = last + (torch.linalg.matrix_power(dA, L) @ state[..., None])[..., 0]
         return y, last
 
-    def step(self, x_t:Tensor, state:Tensor):
-        dA, dB = self.discrete()
-        state = (dA @ state[..., None])[..., 0] + dB * x_t[..., None]
-        return (_c(self.C) * state).sum(-1).real + self.D * x_t, state
+    def step(self,
+             x_t:Tensor, # (batch, H), one time step
+             state:Tensor, # (batch, H, N)
+            ): # (y_t (batch, H), the new state)
+        "One step of the recurrence, with the dense $\\bar A$."
+        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2), self.D)
+        _check_state(state, (x_t.shape[0], *self.im.shape))
+        with _no_autocast(x_t):
+            dA, dB = self.discrete()
+            state = (dA @ state[..., None])[..., 0] + dB * u[..., None]
+            return ((_c(self.C) * state).sum(-1).real + _f32(self.D) * u).to(x_t.dtype), state
 
 # %% ../nbs/12_layers.ipynb #d800e553
 class DSS(nn.Module):
-    "Diagonal State Space (DSS-exp): Re sum_n W_n exp(lambda_n l dt)."
+    "Diagonal State Space (DSS-exp): the kernel $K_l = \\mathrm{Re}\\sum_n W_n e^{\\lambda_n l \\Delta}$."
     ssm_params = ("log_neg_re", "im", "log_dt")
-    def __init__(self, d_model:int, d_state:int=64, dt_min:float=1e-3, dt_max:float=1e-1):
+    def __init__(self,
+                 d_model:int, # channels H
+                 d_state:int=64, # N (N/2 complex states)
+                 dt_min:float=1e-3, # smallest initial step
+                 dt_max:float=1e-1, # largest initial step
+                ):
         super().__init__()
+        H = self.d_model = check_size(d_model, "d_model")
+        _check_d_state(d_state, "legs"); _check_dt_range(dt_min, dt_max)
         Lambda = dss_init(d_state, torch.complex128)
-        H, self.d_model = d_model, d_model
         self.log_neg_re = nn.Parameter(torch.log(-Lambda.real).float().repeat(H, 1))
         self.im = nn.Parameter(Lambda.imag.float().repeat(H, 1))
         self.W = _cparam(torch.randn(H, len(Lambda), dtype=torch.complex128) * (0.5 / len(Lambda)) ** 0.5)
         self.D = nn.Parameter(torch.randn(H))
         self.log_dt = nn.Parameter(torch.log(log_uniform_dt((H,), dt_min, dt_max, dtype=torch.float64)).float())
 
-    def dA(self): return torch.exp(torch.complex(-torch.exp(self.log_neg_re), self.im) * torch.exp(self.log_dt)[:, None])
+    def dA(self)->Tensor:
+        "$\\bar A = e^{\\lambda\\Delta}$, (H, N/2)."
+        Lambda = torch.complex(-torch.exp(_f32(self.log_neg_re)), _f32(self.im))
+        return torch.exp(Lambda * torch.exp(_f32(self.log_dt))[:, None])
 
-    def kernel(self, L:int)->Tensor:
+    def kernel(self,
+               L:int, # kernel length
+              )->Tensor: # (H, L)
+        "The real convolution kernel."
         dA = self.dA()
-        return ssm_kernel_diag(dA, torch.ones_like(dA), _c(self.W), L).real
+        return ssm_kernel_diag(dA, torch.ones_like(dA), _c(self.W), check_size(L, "L")).real
 
-    def initial_state(self, batch:int)->Tensor:
-        return torch.zeros(batch, *self.im.shape, dtype=_c(self.W).dtype, device=self.im.device)
+    def initial_state(self,
+                      batch:int, # batch size
+                     )->Tensor: # (batch, H, N/2), complex
+        "The zero state."
+        return torch.zeros(check_size(batch, "batch", min=0), *self.im.shape, dtype=_c(self.W).dtype, device=self.im.device)
 
-    def forward(self, x:Tensor, state:Tensor|None=None, return_state:bool=False):
-        u = _check_x(x, self.d_model).transpose(1, 2)
-        L = u.shape[-1]
-        dA, W = self.dA(), _c(self.W)
-        y = causal_conv(u, ssm_kernel_diag(dA, torch.ones_like(dA), W, L).real) + self.D[:, None] * u
-        if state is not None: y = y + ssm_kernel_diag(dA, dA * state, W, L).real
-        y = y.transpose(1, 2)
-        if not return_state: return y
-        _, last = scan(dA[..., None], u[:, :, None, :].to(dA.dtype), state, return_last=True)
+    def forward(self,
+                x:Tensor, # (batch, length, H)
+                state:Tensor|None=None, # the state to continue from (default: zero)
+                return_state:bool=False, # also return the final state
+               ):
+        "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
+        u = _working(_check_x(x, self.d_model), self.D).transpose(1, 2)  # (b, H, L)
+        if state is not None: _check_state(state, (x.shape[0], *self.im.shape))
+        with _no_autocast(x):
+            L = u.shape[-1]
+            dA, W = self.dA(), _c(self.W)
+            y = causal_conv(u, ssm_kernel_diag(dA, torch.ones_like(dA), W, L).real) + _f32(self.D)[:, None] * u
+            if state is not None: y = y + ssm_kernel_diag(dA, dA * state, W, L).real
+            y = y.transpose(1, 2).to(x.dtype)
+            if not return_state: return y
+            _, last = scan(dA[..., None], u[:, :, None, :].to(dA.dtype), state, return_last=True)
         return y, last
 
-    def step(self, x_t:Tensor, state:Tensor):
-        state = self.dA() * state + x_t[..., None]
-        return (_c(self.W) * state).sum(-1).real + self.D * x_t, state
+    def step(self,
+             x_t:Tensor, # (batch, H), one time step
+             state:Tensor, # (batch, H, N/2)
+            ): # (y_t (batch, H), the new state)
+        "One step of the recurrence."
+        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2), self.D)
+        _check_state(state, (x_t.shape[0], *self.im.shape))
+        with _no_autocast(x_t):
+            state = self.dA() * state + u[..., None]
+            return ((_c(self.W) * state).sum(-1).real + _f32(self.D) * u).to(x_t.dtype), state
 
 # %% ../nbs/12_layers.ipynb #d2fb77ae
 class LRU(nn.Module):
-    "Linear Recurrent Unit: ring-initialized complex diagonal recurrence with gamma normalization, computed by scan."
+    "Linear Recurrent Unit: ring-initialized complex diagonal recurrence with $\\gamma$ normalization, computed by scan."
     ssm_params = ("nu_log", "theta_log", "gamma_log")
-    def __init__(self, d_model:int, d_state:int|None=None, r_min:float=0.9, r_max:float=0.999, max_phase:float=2 * math.pi):
+    def __init__(self,
+                 d_model:int, # channels H
+                 d_state:int|None=None, # N complex states (default: H)
+                 r_min:float=0.9, # smallest initial eigenvalue magnitude
+                 r_max:float=0.999, # largest initial eigenvalue magnitude (below 1)
+                 max_phase:float=2 * math.pi, # initial phases are uniform in [0, max_phase]
+                ):
         super().__init__()
-        H, N = d_model, d_state or d_model
-        self.d_model = H
+        H = self.d_model = check_size(d_model, "d_model")
+        N = H if d_state is None else check_size(d_state, "d_state")
+        if not 0 <= r_min <= r_max < 1: raise ValueError(f"need 0 <= r_min <= r_max < 1 (eigenvalues inside the unit circle), got r_min={r_min}, r_max={r_max}")
+        if not 0 < max_phase <= 2 * math.pi: raise ValueError(f"max_phase must be in (0, 2 pi], got {max_phase}")
         u1, u2 = torch.rand(N, dtype=torch.float64), torch.rand(N, dtype=torch.float64)
         self.nu_log = nn.Parameter(torch.log(-0.5 * torch.log(u1 * (r_max ** 2 - r_min ** 2) + r_min ** 2)).float())
         self.theta_log = nn.Parameter(torch.log(max_phase * u2.clamp(min=1e-6)).float())
@@ -191,108 +309,163 @@ class LRU(nn.Module):
         self.C = _cparam(torch.complex(torch.randn(H, N, dtype=torch.float64), torch.randn(H, N, dtype=torch.float64)) / math.sqrt(N))
         self.D = nn.Parameter(torch.randn(H))
 
-    def eigenvalues(self)->Tensor:
-        return torch.exp(torch.complex(-torch.exp(self.nu_log), torch.exp(self.theta_log)))
+    def eigenvalues(self)->Tensor: # (N,), complex
+        "$\\lambda = \\exp(-e^{\\nu} + i e^{\\theta})$."
+        return torch.exp(torch.complex(-torch.exp(_f32(self.nu_log)), torch.exp(_f32(self.theta_log))))
 
-    def initial_state(self, batch:int)->Tensor:
-        return torch.zeros(batch, self.nu_log.shape[0], dtype=_c(self.B).dtype, device=self.nu_log.device)
+    def initial_state(self,
+                      batch:int, # batch size
+                     )->Tensor: # (batch, N), complex
+        "The zero state."
+        return torch.zeros(check_size(batch, "batch", min=0), self.nu_log.shape[0], dtype=_c(self.B).dtype, device=self.nu_log.device)
 
-    def forward(self, x:Tensor, state:Tensor|None=None, return_state:bool=False):
-        _check_x(x, self.d_model)
-        Bu = torch.einsum("nh,blh->bnl", _c(self.B), x.to(_c(self.B).dtype)) * torch.exp(self.gamma_log)[:, None]  # (b, N, L)
-        h, last = scan(self.eigenvalues()[:, None], Bu, state, return_last=True)
-        y = torch.einsum("hn,bnl->blh", _c(self.C), h).real + self.D * x
+    def forward(self,
+                x:Tensor, # (batch, length, H)
+                state:Tensor|None=None, # the state to continue from (default: zero)
+                return_state:bool=False, # also return the final state
+               ):
+        "The whole sequence, by the time-invariant scan."
+        u = _working(_check_x(x, self.d_model), self.D)
+        if state is not None: _check_state(state, (x.shape[0], self.nu_log.shape[0]))
+        with _no_autocast(x):
+            B = _c(self.B)
+            Bu = torch.einsum("nh,blh->bnl", B, u.to(B.dtype)) * torch.exp(_f32(self.gamma_log))[:, None]  # (b, N, L)
+            h, last = scan(self.eigenvalues()[:, None], Bu, state, return_last=True)
+            y = (torch.einsum("hn,bnl->blh", _c(self.C), h).real + _f32(self.D) * u).to(x.dtype)
         return (y, last) if return_state else y
 
-    def step(self, x_t:Tensor, state:Tensor):
-        state = self.eigenvalues() * state + torch.exp(self.gamma_log) * (x_t.to(state.dtype) @ _c(self.B).T)
-        return (state @ _c(self.C).T).real + self.D * x_t, state
+    def step(self,
+             x_t:Tensor, # (batch, H), one time step
+             state:Tensor, # (batch, N)
+            ): # (y_t (batch, H), the new state)
+        "One step of the recurrence."
+        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2), self.D)
+        _check_state(state, (x_t.shape[0], self.nu_log.shape[0]))
+        with _no_autocast(x_t):
+            B = _c(self.B)
+            state = self.eigenvalues() * state + torch.exp(_f32(self.gamma_log)) * (u.to(B.dtype) @ B.T)
+            return ((state @ _c(self.C).T).real + _f32(self.D) * u).to(x_t.dtype), state
 
 # %% ../nbs/12_layers.ipynb #71f26d00
 class Mamba(nn.Module):
-    "Mamba block: projections, causal depthwise conv, selective scan, gate."
-    ssm_params = ("A_log", "A_imag", "D")
-    def __init__(self, d_model:int, d_state:int=16, expand:int=2, d_conv:int=4, dt_rank:int|None=None, dt_min:float=1e-3, dt_max:float=1e-1,
-                 init:str="real"): # A's initialization: "real" (S4D-Real, Mamba's), or complex "lin", "inv", "legs" (notebook 06)
+    "Mamba block: projections, causal depthwise convolution, selective scan, gate."
+    ssm_params = ("A_log", "A_imag", "D", "dt_proj.bias")
+    def __init__(self,
+                 d_model:int, # channels H
+                 d_state:int=16, # N, states per inner channel
+                 expand:int=2, # inner width d = expand H
+                 d_conv:int=4, # taps of the causal depthwise convolution
+                 dt_rank:int|None=None, # rank of the Delta projection (default: ceil(H/16))
+                 dt_min:float=1e-3, # smallest initial step
+                 dt_max:float=1e-1, # largest initial step
+                 init:str="real", # A's initialization: "real" (S4D-Real, Mamba's), or complex "lin", "inv", "legs" (notebook 06)
+                ):
         super().__init__()
-        check_choice(init, "init", set(S4D_INITS))
-        H, d, self.complex = d_model, expand * d_model, init != "real"
+        check_choice(init, "init", set(S4D_INITS)); _check_dt_range(dt_min, dt_max)
+        H, d_state, d_conv = check_size(d_model, "d_model"), check_size(d_state, "d_state"), check_size(d_conv, "d_conv")
+        d, self.complex = check_size(expand, "expand") * H, init != "real"
         self.d_model, self.d_inner, self.d_state, self.d_conv = H, d, d_state, d_conv
-        self.dt_rank = dt_rank or math.ceil(H / 16)
+        self.dt_rank = math.ceil(H / 16) if dt_rank is None else check_size(dt_rank, "dt_rank")
         self.in_proj = nn.Linear(H, 2 * d, bias=False)
         self.conv = nn.Conv1d(d, d, d_conv, groups=d)
         self.x_proj = nn.Linear(d, self.dt_rank + (4 if self.complex else 2) * d_state, bias=False)  # complex B, C: real and imaginary parts
         self.dt_proj = nn.Linear(self.dt_rank, d)
         dt = log_uniform_dt((d,), dt_min, dt_max)
         with torch.no_grad(): self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
-        self.dt_proj.bias._ssm = True
         Lambda = s4d_init(init, d_state if init == "real" else 2 * d_state, torch.complex128)[0]  # d_state real, or d_state complex states
         self.A_log = nn.Parameter(torch.log(-Lambda.real).float().repeat(d, 1))
         if self.complex: self.A_imag = nn.Parameter(Lambda.imag.float().repeat(d, 1))
         self.D = nn.Parameter(torch.ones(d))
         self.out_proj = nn.Linear(d, H, bias=False)
 
-    def A(self)->Tensor:
-        "The continuous state matrix's diagonal, (d_inner, d_state), real or complex."
-        return torch.complex(-torch.exp(self.A_log), self.A_imag) if self.complex else -torch.exp(self.A_log)
+    def A(self)->Tensor: # (d_inner, d_state), real or complex
+        "The continuous state matrix's diagonal."
+        return torch.complex(-torch.exp(_f32(self.A_log)), _f32(self.A_imag)) if self.complex else -torch.exp(_f32(self.A_log))
 
-    def initial_state(self, batch:int):
-        p = self.A_log
-        return (torch.zeros(batch, self.d_inner, self.d_conv - 1, dtype=p.dtype, device=p.device),
+    def initial_state(self,
+                      batch:int, # batch size
+                     ): # (convolution state (batch, d_inner, d_conv - 1), SSM state (batch, d_inner, d_state))
+        "The zero state: the convolution's last inputs and the SSM state."
+        batch, p = check_size(batch, "batch", min=0), self.A_log
+        return (torch.zeros(batch, self.d_inner, self.d_conv - 1, dtype=self.in_proj.weight.dtype, device=p.device),
                 torch.zeros(batch, self.d_inner, self.d_state, dtype=self.A().dtype, device=p.device))
 
+    def _check_state(self, state, batch):
+        "The pair (convolution state, SSM state), each of the shape `initial_state(batch)` gives."
+        if not (isinstance(state, (tuple, list)) and len(state) == 2):
+            raise TypeError(f"state must be the pair (conv_state, ssm_state) that initial_state(batch) gives, got {type(state).__name__}")
+        return (_check_state(state[0], (batch, self.d_inner, self.d_conv - 1), "state[0] (the convolution state)"),
+                _check_state(state[1], (batch, self.d_inner, self.d_state), "state[1] (the SSM state)"))
+
     def _ssm_inputs(self, xc):
-        "Delta (without bias), B and C from the convolved branch xc (b, L, d)."
+        "$\\Delta$ (before its bias), $B$ and $C$ from the convolved branch xc (b, L, d), in float32 (or float64)."
         n = self.d_state
         dt, B, C = self.x_proj(xc).split([self.dt_rank, 2 * n if self.complex else n, 2 * n if self.complex else n], -1)
+        delta, B, C = _f32(F.linear(dt, self.dt_proj.weight)), _f32(B), _f32(C)  # the bias is added in the scan, before the softplus
         if self.complex: B, C = torch.complex(B[..., :n], B[..., n:]), torch.complex(C[..., :n], C[..., n:])
-        return dt @ self.dt_proj.weight.T, B, C
+        return delta, B, C
 
-    def forward(self, x:Tensor, state=None, return_state:bool=False):
+    def forward(self,
+                x:Tensor, # (batch, length, H)
+                state=None, # the pair (convolution state, SSM state) to continue from (default: zero)
+                return_state:bool=False, # also return the final state
+               ):
+        "The whole sequence: projections, causal convolution, selective scan, gate, projection."
         _check_x(x, self.d_model)
-        xi, z = self.in_proj(x).chunk(2, -1)
+        b, L = x.shape[:2]
+        conv_state, ssm_state = self._check_state(state, b) if state is not None else (self.initial_state(b)[0], None)
+        xi, z = self.in_proj(x.to(self.in_proj.weight.dtype)).chunk(2, -1)
         xi = xi.transpose(1, 2)  # (b, d, L)
-        conv_state, ssm_state = state if state is not None else (torch.zeros(*xi.shape[:2], self.d_conv - 1, dtype=xi.dtype, device=xi.device), None)
-        xp = torch.cat([conv_state, xi], -1)  # causal: the previous inputs (or zeros) first
+        xp = torch.cat([conv_state.to(xi.dtype), xi], -1)  # causal: the previous d_conv - 1 inputs (or zeros) first
         xc = F.silu(self.conv(xp))  # (b, d, L)
         delta, B, C = self._ssm_inputs(xc.transpose(1, 2))
-        y, last = selective_scan(xc, delta.transpose(1, 2), self.A(), B.transpose(1, 2), C.transpose(1, 2), self.D, z.transpose(1, 2),
-                                 self.dt_proj.bias, True, return_last_state=True, initial_state=ssm_state)
-        out = self.out_proj(y.transpose(1, 2))
-        return (out, (xp[..., -(self.d_conv - 1):], last)) if return_state else out
+        with _no_autocast(x):
+            y, last = selective_scan(_f32(xc), delta.transpose(1, 2), self.A(), B.transpose(1, 2), C.transpose(1, 2), _f32(self.D),
+                                     _f32(z).transpose(1, 2), _f32(self.dt_proj.bias), True, return_last_state=True, initial_state=ssm_state)
+        out = self.out_proj(y.transpose(1, 2).to(self.out_proj.weight.dtype)).to(x.dtype)
+        return (out, (xp[..., xp.shape[-1] - (self.d_conv - 1):], last)) if return_state else out
 
-    def step(self, x_t:Tensor, state):
-        conv_state, ssm_state = state
-        xi, z = self.in_proj(x_t).chunk(2, -1)  # (b, d)
-        window = torch.cat([conv_state, xi[..., None]], -1)  # (b, d, k)
+    def step(self,
+             x_t:Tensor, # (batch, H), one time step
+             state, # the pair (convolution state, SSM state)
+            ): # (y_t (batch, H), the new state)
+        "One step: the convolution over the stored inputs, one step of the selective recurrence."
+        _check_x(x_t, self.d_model, "x_t", ndim=2)
+        conv_state, ssm_state = self._check_state(state, x_t.shape[0])
+        xi, z = self.in_proj(x_t.to(self.in_proj.weight.dtype)).chunk(2, -1)  # (b, d)
+        window = torch.cat([conv_state.to(xi.dtype), xi[..., None]], -1)  # (b, d, d_conv)
         xc = F.silu((window * self.conv.weight[:, 0]).sum(-1) + self.conv.bias)
         delta, B, C = self._ssm_inputs(xc)
-        delta = F.softplus(delta + self.dt_proj.bias)
-        ssm_state = torch.exp(delta[..., None] * self.A()) * ssm_state + (delta * xc)[..., None] * B[:, None, :]
-        y = (ssm_state * C[:, None, :]).sum(-1)
-        y = ((2 * y.real if self.complex else y) + self.D * xc) * F.silu(z)
-        return self.out_proj(y), (window[..., 1:], ssm_state)
+        with _no_autocast(x_t):
+            xc, z = _f32(xc), _f32(z)
+            delta = F.softplus(delta + _f32(self.dt_proj.bias))
+            ssm_state = torch.exp(delta[..., None] * self.A()) * ssm_state + (delta * xc)[..., None] * B[:, None, :]
+            y = (ssm_state * C[:, None, :]).sum(-1)
+            y = ((2 * y.real if self.complex else y) + _f32(self.D) * xc) * F.silu(z)
+        return self.out_proj(y.to(self.out_proj.weight.dtype)).to(x_t.dtype), (window[..., 1:], ssm_state)
 
 # %% ../nbs/12_layers.ipynb #a7bf0e60
 LAYERS = {"s4d": S4D, "s4": S4, "dss": DSS, "lru": LRU, "mamba": Mamba}
 
 # %% ../nbs/12_layers.ipynb #e59b718a
 def ssm_param_groups(
-    model:nn.Module,
+    model:nn.Module, # any module; the layers inside it that list `ssm_params` are found
     lr:float, # learning rate of ordinary parameters
     weight_decay:float=0.0, # weight decay of ordinary matrices
     ssm_lr:float=1e-3, # learning rate cap for SSM parameters
 )->list[dict]: # parameter groups for torch.optim
-    "Optimizer groups: SSM parameters (listed in each layer's `ssm_params`) at min(lr, ssm_lr) without weight decay."
-    ssm, decay, no_decay, seen = [], [], [], set()
+    "Optimizer groups: SSM parameters (named in each layer's `ssm_params`) at min(lr, ssm_lr) without weight decay; other matrices with weight decay; the rest without."
+    ssm_ids = set()
     for module in model.modules():
-        names = set(getattr(module, "ssm_params", ()))
-        for name, p in module.named_parameters(recurse=False):
-            if id(p) in seen or not p.requires_grad: continue
-            seen.add(id(p))
-            if name in names or getattr(p, "_ssm", False): ssm.append(p)
-            elif p.dim() >= 2 and "weight" in name: decay.append(p)
-            else: no_decay.append(p)
+        for name in getattr(module, "ssm_params", ()):
+            try: ssm_ids.add(id(module.get_parameter(name)))
+            except AttributeError: pass  # an optional parameter this instance does not have (Mamba's A_imag for real A)
+    ssm, decay, no_decay = [], [], []
+    for name, p in model.named_parameters():  # each parameter once, even if shared
+        if not p.requires_grad: continue
+        if id(p) in ssm_ids: ssm.append(p)
+        elif p.dim() >= 2 and name.rsplit(".", 1)[-1] == "weight": decay.append(p)
+        else: no_decay.append(p)
     groups = [{"params": ssm, "lr": min(lr, ssm_lr), "weight_decay": 0.0, "name": "ssm"},
               {"params": decay, "lr": lr, "weight_decay": weight_decay, "name": "decay"},
               {"params": no_decay, "lr": lr, "weight_decay": 0.0, "name": "no_decay"}]
@@ -300,31 +473,56 @@ def ssm_param_groups(
 
 # %% ../nbs/12_layers.ipynb #3237d61b
 class SequenceModel(nn.Module):
-    "Encoder, residual blocks of (norm, SSM layer, GELU, linear, GLU), norm, pooling, head."
+    "Encoder, pre-norm residual blocks around a sequence layer (S4-style with GELU, linear, GLU; Mamba-style without), norm, pooling, head."
     def __init__(self,
                  d_output:int, # outputs (classes) per prediction
                  d_model:int=64, # width H
-                 n_layers:int=4,
-                 layer:str="s4d", # one of LAYERS
+                 n_layers:int=4, # residual blocks
+                 layer:str|type="s4d", # a name in LAYERS, or a class called as layer(d_model, **layer_kwargs)
                  vocab_size:int|None=None, # token inputs (b, L) of this vocabulary...
                  d_input:int|None=None, # ...or real-valued inputs (b, L, d_input)
                  pool:str|None="mean", # "mean", "last" or None (a prediction per step)
-                 dropout:float=0.0,
-                 **layer_kwargs):
+                 dropout:float=0.0, # dropout probability in the blocks
+                 mlp:bool|None=None, # GELU, Linear(H, 2H) and GLU after the layer; None: off for Mamba, on otherwise
+                 **layer_kwargs, # passed to the layer
+                ):
         super().__init__()
         if (vocab_size is None) == (d_input is None): raise ValueError("give exactly one of vocab_size and d_input")
-        if layer not in LAYERS: raise ValueError(f"layer must be one of {sorted(LAYERS)}, got {layer!r}")
+        cls = LAYERS[check_choice(layer, "layer", set(LAYERS))] if isinstance(layer, str) else layer
+        if not callable(cls): raise TypeError(f"layer must be a name in LAYERS or a class, got {layer!r}")
         if pool not in ("mean", "last", None): raise ValueError(f"pool must be 'mean', 'last' or None, got {pool!r}")
+        d_output, d_model, n_layers = check_size(d_output, "d_output"), check_size(d_model, "d_model"), check_size(n_layers, "n_layers")
+        self.mlp = (not (isinstance(cls, type) and issubclass(cls, Mamba))) if mlp is None else bool(mlp)
+        self.vocab_size, self.d_input = (None if vocab_size is None else check_size(vocab_size, "vocab_size")), (None if d_input is None else check_size(d_input, "d_input"))
         self.encoder = nn.Embedding(vocab_size, d_model) if vocab_size else nn.Linear(d_input, d_model)
-        self.layers = nn.ModuleList(LAYERS[layer](d_model, **layer_kwargs) for _ in range(n_layers))
+        self.layers = nn.ModuleList(cls(d_model, **layer_kwargs) for _ in range(n_layers))
         self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
-        self.mixers = nn.ModuleList(nn.Linear(d_model, 2 * d_model) for _ in range(n_layers))
+        self.mlps = nn.ModuleList(nn.Linear(d_model, 2 * d_model) for _ in range(n_layers)) if self.mlp else None
         self.norm, self.head, self.drop, self.pool = nn.LayerNorm(d_model), nn.Linear(d_model, d_output), nn.Dropout(dropout), pool
 
     def _block(self, i, h, y):
-        return h + self.drop(F.glu(self.mixers[i](self.drop(F.gelu(y))), -1))
+        "The residual update of block i from its layer's output y."
+        if self.mlps is None: return h + self.drop(y)
+        return h + self.drop(F.glu(self.mlps[i](self.drop(F.gelu(y))), -1))
 
-    def forward(self, x:Tensor)->Tensor:
+    def _check_input(self, x, name, ndim):
+        "Token ids in [0, vocab_size), or real inputs with d_input features."
+        if self.vocab_size is not None:
+            check_tensor(x, name, ndim=ndim - 1)
+            if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+                raise TypeError(f"{name} must hold integer token ids (this model has vocab_size={self.vocab_size}), got {x.dtype}")
+            if not values_hidden(x) and x.numel() and bool(((x < 0) | (x >= self.vocab_size)).any()):
+                raise ValueError(f"{name} must hold token ids in [0, {self.vocab_size}), got values from {x.min().item()} to {x.max().item()}")
+        else:
+            check_tensor(x, name, ndim=ndim)
+            if not x.is_floating_point(): raise TypeError(f"{name} must be a real floating-point tensor (this model has d_input={self.d_input}), got {x.dtype}")
+            if x.shape[-1] != self.d_input: raise ValueError(f"{name} must have {self.d_input} features in its last dimension, got shape {tuple(x.shape)}")
+
+    def forward(self,
+                x:Tensor, # token ids (b, L), or real inputs (b, L, d_input)
+               )->Tensor: # (b, d_output) pooled, or (b, L, d_output) with pool=None
+        "The whole sequence through every block."
+        self._check_input(x, "x", 3)
         h = self.encoder(x)
         for i, (norm, layer) in enumerate(zip(self.norms, self.layers)): h = self._block(i, h, layer(norm(h)))
         h = self.norm(h)
@@ -332,10 +530,20 @@ class SequenceModel(nn.Module):
         elif self.pool == "last": h = h[:, -1]
         return self.head(h)
 
-    def initial_state(self, batch:int): return [layer.initial_state(batch) for layer in self.layers]
+    def initial_state(self,
+                      batch:int, # batch size
+                     )->list: # one state per layer
+        "The zero state of every layer."
+        return [layer.initial_state(batch) for layer in self.layers]
 
-    def step(self, x_t:Tensor, states:list):
-        "One step of a per-step model (pool=None): (logits (b, d_output), new states)."
+    def step(self,
+             x_t:Tensor, # token ids (b,), or real inputs (b, d_input)
+             states:list, # one state per layer, as `initial_state` gives
+            ): # (logits (b, d_output), new states)
+        "One step of a per-step model (pool=None)."
+        if self.pool is not None: raise ValueError(f"step needs a per-step model (pool=None), this one has pool={self.pool!r}")
+        if not all(hasattr(layer, "step") for layer in self.layers): raise TypeError(f"{type(self.layers[0]).__name__} has no step(): only recurrent layers can run step by step")
+        self._check_input(x_t, "x_t", 2)
         h, new = self.encoder(x_t), []
         for i, (norm, layer, s) in enumerate(zip(self.norms, self.layers, states)):
             y, s = layer.step(norm(h), s)
