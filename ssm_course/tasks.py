@@ -140,6 +140,7 @@ def _read_idx(path):
         return np.frombuffer(f.read(), dtype=np.uint8).reshape(shape)
 
 def _find(root, names):
+    "The first file under `root` whose name is one of `names`."
     for name in names:
         hits = sorted(Path(root).rglob(name))
         if hits: return hits[0]
