@@ -31,21 +31,21 @@ def _combine_complex(ar1, ai1, br1, bi1, ar2, ai2, br2, bi2):
 # %% ../nbs/10_triton_scan.ipynb #kfcode01
 @triton.jit
 def _lane(x, i, k):
-    "`x[k]` as a scalar: a sum over the block in which every lane but `k` is zero."
-    return tl.sum(tl.where(i == k, x, 0.0), 0)
+    "Lane `k` of each row of `x`: a sum along the block in which every lane but `k` is zero."
+    return tl.sum(tl.where(i == k, x, 0.0), 1)
 
 @triton.jit
-def _load(ptr, base, t0, ts, L, BLOCK: tl.constexpr, COMPLEX: tl.constexpr):
-    "Steps `t0`, ..., `t0 + BLOCK - 1` of the row at element `base` (time stride `ts`, 1 or 0) as float32 (re, im), zero outside [0, L)."
-    if COMPLEX:  # one flat tile of 2 BLOCK floats (re, im, re, im, ...), viewed as [BLOCK, 2] and split
-        j = tl.arange(0, 2 * BLOCK)
-        if ts == 1: off = 2 * (base + t0) + j  # decided at compile time: Triton specializes a 1
-        else: off = 2 * base + j % 2  # time stride 0: the same number at every step
-        x = tl.load(ptr + off, mask=(j >= -2 * t0) & (j < 2 * (L - t0)), other=0.0).to(tl.float32)
-        return tl.split(tl.reshape(x, [BLOCK, 2]))
+def _load(ptr, base, t0, ts, L, rmask, BLOCK: tl.constexpr, COMPLEX: tl.constexpr):
+    "Steps `t0`, ..., `t0 + BLOCK - 1` of the rows at elements `base` (time stride `ts`, 1 or 0) as float32 (re, im), zero outside [0, L)."
+    if COMPLEX:  # one flat tile of 2 BLOCK floats per row (re, im, re, im, ...), viewed as [ROWS, BLOCK, 2] and split
+        j = tl.arange(0, 2 * BLOCK)[None, :]
+        if ts == 1: off = 2 * (base[:, None] + t0) + j  # decided at compile time: Triton specializes a 1
+        else: off = 2 * base[:, None] + j % 2  # time stride 0: the same number at every step
+        x = tl.load(ptr + off, mask=rmask[:, None] & (j >= -2 * t0) & (j < 2 * (L - t0)), other=0.0).to(tl.float32)
+        return tl.split(tl.reshape(x, [base.shape[0], BLOCK, 2]))
     else:
-        t = t0 + tl.arange(0, BLOCK)
-        x = tl.load(ptr + base + t * ts, mask=(t >= 0) & (t < L), other=0.0).to(tl.float32)
+        t = t0 + tl.arange(0, BLOCK)[None, :]
+        x = tl.load(ptr + base[:, None] + t * ts, mask=rmask[:, None] & (t >= 0) & (t < L), other=0.0).to(tl.float32)
         return x, x
 
 @triton.jit
@@ -55,115 +55,117 @@ def _round(x, dtype: tl.constexpr):
     else: return x.to(dtype, fp_downcast_rounding="rtne")
 
 @triton.jit
-def _store(ptr, base, t0, L, xr, xi, BLOCK: tl.constexpr, COMPLEX: tl.constexpr):
-    "Store steps `t0`, ... (those before `L`) of the contiguous row at element `base`: `xr` (and `xi`, if complex)."
-    if COMPLEX:  # join (re, im) into [BLOCK, 2], store as one flat tile
-        j = tl.arange(0, 2 * BLOCK)
-        tl.store(ptr + 2 * (base + t0) + j, _round(tl.reshape(tl.join(xr, xi), [2 * BLOCK]), ptr.dtype.element_ty), mask=j < 2 * (L - t0))
+def _store(ptr, base, t0, L, rmask, xr, xi, BLOCK: tl.constexpr, COMPLEX: tl.constexpr):
+    "Store steps `t0`, ... (those before `L`) of the contiguous rows at elements `base`: `xr` (and `xi`, if complex)."
+    if COMPLEX:  # join (re, im) into [ROWS, BLOCK, 2], store as one flat tile per row
+        j = tl.arange(0, 2 * BLOCK)[None, :]
+        x = tl.reshape(tl.join(xr, xi), [base.shape[0], 2 * BLOCK])
+        tl.store(ptr + 2 * (base[:, None] + t0) + j, _round(x, ptr.dtype.element_ty), mask=rmask[:, None] & (j < 2 * (L - t0)))
     else:
-        t = t0 + tl.arange(0, BLOCK)
-        tl.store(ptr + base + t, _round(xr, ptr.dtype.element_ty), mask=t < L)
+        t = t0 + tl.arange(0, BLOCK)[None, :]
+        tl.store(ptr + base[:, None] + t, _round(xr, ptr.dtype.element_ty), mask=rmask[:, None] & (t < L))
+
+@triton.jit
+def _load_rows(ptr, rows, rmask, COMPLEX: tl.constexpr):
+    "One number per row (an initial state), float32 (re, im)."
+    if COMPLEX: return tl.load(ptr + 2 * rows, mask=rmask, other=0.0).to(tl.float32), tl.load(ptr + 2 * rows + 1, mask=rmask, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        return x, x
 
 # %% ../nbs/10_triton_scan.ipynb #c88c6b8c
 @triton.jit
-def _scan_fwd_kernel(a_ptr, b_ptr, h0_ptr, h_ptr, L, a_rs, a_ts, b_rs, b_ts,
-                     HAS_H0: tl.constexpr, COMPLEX: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # one program per row; int64, as row * L may pass 2^31
-    i = tl.arange(0, BLOCK)
-    cr = tl.zeros([], tl.float32)  # the state carried from block to block (re, im)
-    ci = tl.zeros([], tl.float32)
-    if HAS_H0:
-        if COMPLEX:
-            cr = tl.load(h0_ptr + 2 * row).to(tl.float32)
-            ci = tl.load(h0_ptr + 2 * row + 1).to(tl.float32)
-        else:
-            cr = tl.load(h0_ptr + row).to(tl.float32)
+def _scan_fwd_kernel(a_ptr, b_ptr, h0_ptr, h_ptr, R, L, a_rs, a_ts, a_group, b_rs, b_ts, b_group,
+                     HAS_H0: tl.constexpr, COMPLEX: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # this program's rows; int64: rows * L may pass 2^31
+    rmask = rows < R
+    i = tl.arange(0, BLOCK)[None, :]
+    cr = tl.zeros([ROWS], tl.float32)  # each row's state, carried from block to block (re, im)
+    ci = tl.zeros([ROWS], tl.float32)
+    if HAS_H0: cr, ci = _load_rows(h0_ptr, rows, rmask, COMPLEX)
     for start in tl.range(0, L, BLOCK, num_stages=STAGES):  # the next block's loads are issued early
-        ar, ai = _load(a_ptr, row * a_rs, start, a_ts, L, BLOCK, COMPLEX)
-        br, bi = _load(b_ptr, row * b_rs, start, b_ts, L, BLOCK, COMPLEX)
+        ar, ai = _load(a_ptr, (rows // a_group) * a_rs, start, a_ts, L, rmask, BLOCK, COMPLEX)
+        br, bi = _load(b_ptr, (rows // b_group) * b_rs, start, b_ts, L, rmask, BLOCK, COMPLEX)
         if COMPLEX:  # fold the carry into the first step, scan, keep the last state
-            br = tl.where(i == 0, br + ar * cr - ai * ci, br)
-            bi = tl.where(i == 0, bi + ar * ci + ai * cr, bi)
-            _, _, hr, hi = tl.associative_scan((ar, ai, br, bi), 0, _combine_complex)
+            br = tl.where(i == 0, br + ar * cr[:, None] - ai * ci[:, None], br)
+            bi = tl.where(i == 0, bi + ar * ci[:, None] + ai * cr[:, None], bi)
+            _, _, hr, hi = tl.associative_scan((ar, ai, br, bi), 1, _combine_complex)
             ci = _lane(hi, i, BLOCK - 1)
         else:
-            br = tl.where(i == 0, br + ar * cr, br)
-            _, hr = tl.associative_scan((ar, br), 0, _combine)
+            br = tl.where(i == 0, br + ar * cr[:, None], br)
+            _, hr = tl.associative_scan((ar, br), 1, _combine)
             hi = hr
-        _store(h_ptr, row * L, start, L, hr, hi, BLOCK, COMPLEX)
+        _store(h_ptr, rows * L, start, L, rmask, hr, hi, BLOCK, COMPLEX)
         cr = _lane(hr, i, BLOCK - 1)
 
 # %% ../nbs/10_triton_scan.ipynb #kbcode01
 @triton.jit
-def _scan_bwd_kernel(a_ptr, g_ptr, h0_ptr, h_ptr, da_ptr, db_ptr, dh0_ptr, L, a_rs, a_ts,
-                     HAS_H0: tl.constexpr, COMPLEX: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK)
-    cr = tl.zeros([], tl.float32)  # the total gradient g carried from the later block (re, im)
-    ci = tl.zeros([], tl.float32)
-    pr0 = tl.zeros([], tl.float32)  # h_{-1} (re, im)
-    pi0 = tl.zeros([], tl.float32)
-    if HAS_H0:
-        if COMPLEX:
-            pr0 = tl.load(h0_ptr + 2 * row).to(tl.float32)
-            pi0 = tl.load(h0_ptr + 2 * row + 1).to(tl.float32)
-        else:
-            pr0 = tl.load(h0_ptr + row).to(tl.float32)
+def _scan_bwd_kernel(a_ptr, g_ptr, h0_ptr, h_ptr, da_ptr, db_ptr, dh0_ptr, R, L, a_rs, a_ts, a_group,
+                     HAS_H0: tl.constexpr, COMPLEX: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < R
+    i = tl.arange(0, BLOCK)[None, :]
+    cr = tl.zeros([ROWS], tl.float32)  # the total gradient g carried from the later block (re, im)
+    ci = tl.zeros([ROWS], tl.float32)
+    pr0 = tl.zeros([ROWS], tl.float32)  # h_{-1} (re, im)
+    pi0 = tl.zeros([ROWS], tl.float32)
+    if HAS_H0: pr0, pi0 = _load_rows(h0_ptr, rows, rmask, COMPLEX)
+    a_base = (rows // a_group) * a_rs
     n = tl.cdiv(L, BLOCK)
     for k in tl.range(0, n, num_stages=STAGES):
         start = (n - 1 - k) * BLOCK  # blocks from the end; lanes and offsets in forward order
-        ar, ai = _load(a_ptr, row * a_rs, start + 1, a_ts, L, BLOCK, COMPLEX)  # a_{t+1}
-        gr, gi = _load(g_ptr, row * L, start, 1, L, BLOCK, COMPLEX)  # dL/dh_t
-        pr, pi = _load(h_ptr, row * L, start - 1, 1, L, BLOCK, COMPLEX)  # h_{t-1}
-        pr = tl.where(start + i == 0, pr0, pr)
-        last = i == BLOCK - 1
+        ar, ai = _load(a_ptr, a_base, start + 1, a_ts, L, rmask, BLOCK, COMPLEX)  # a_{t+1}
+        gr, gi = _load(g_ptr, rows * L, start, 1, L, rmask, BLOCK, COMPLEX)  # dL/dh_t
+        pr, pi = _load(h_ptr, rows * L, start - 1, 1, L, rmask, BLOCK, COMPLEX)  # h_{t-1}
+        first, last = start + i == 0, i == BLOCK - 1
+        pr = tl.where(first, pr0[:, None], pr)
         if COMPLEX:  # g_t = g_t + conj(a_{t+1}) g_{t+1}, from the end
-            pi = tl.where(start + i == 0, pi0, pi)
+            pi = tl.where(first, pi0[:, None], pi)
             ai = -ai
-            gr = tl.where(last, gr + ar * cr - ai * ci, gr)
-            gi = tl.where(last, gi + ar * ci + ai * cr, gi)
-            _, _, gr, gi = tl.associative_scan((ar, ai, gr, gi), 0, _combine_complex, reverse=True)
-            _store(da_ptr, row * L, start, L, gr * pr + gi * pi, gi * pr - gr * pi, BLOCK, COMPLEX)  # g conj(h_{t-1})
+            gr = tl.where(last, gr + ar * cr[:, None] - ai * ci[:, None], gr)
+            gi = tl.where(last, gi + ar * ci[:, None] + ai * cr[:, None], gi)
+            _, _, gr, gi = tl.associative_scan((ar, ai, gr, gi), 1, _combine_complex, reverse=True)
+            _store(da_ptr, rows * L, start, L, rmask, gr * pr + gi * pi, gi * pr - gr * pi, BLOCK, COMPLEX)  # g conj(h_{t-1})
             ci = _lane(gi, i, 0)
         else:
-            gr = tl.where(last, gr + ar * cr, gr)
-            _, gr = tl.associative_scan((ar, gr), 0, _combine, reverse=True)
+            gr = tl.where(last, gr + ar * cr[:, None], gr)
+            _, gr = tl.associative_scan((ar, gr), 1, _combine, reverse=True)
             gi = gr
-            _store(da_ptr, row * L, start, L, gr * pr, gr, BLOCK, COMPLEX)
-        _store(db_ptr, row * L, start, L, gr, gi, BLOCK, COMPLEX)
+            _store(da_ptr, rows * L, start, L, rmask, gr * pr, gr, BLOCK, COMPLEX)
+        _store(db_ptr, rows * L, start, L, rmask, gr, gi, BLOCK, COMPLEX)
         cr = _lane(gr, i, 0)
     if HAS_H0:  # dL/dh_{-1} = conj(a_0) g_0
+        ar, ai = _load_rows(a_ptr, a_base, rmask, COMPLEX)
         if COMPLEX:
-            ar = tl.load(a_ptr + 2 * row * a_rs).to(tl.float32)
-            ai = tl.load(a_ptr + 2 * row * a_rs + 1).to(tl.float32)
-            tl.store(dh0_ptr + 2 * row, ar * cr + ai * ci)
-            tl.store(dh0_ptr + 2 * row + 1, ar * ci - ai * cr)
+            tl.store(dh0_ptr + 2 * rows, ar * cr + ai * ci, mask=rmask)
+            tl.store(dh0_ptr + 2 * rows + 1, ar * ci - ai * cr, mask=rmask)
         else:
-            tl.store(dh0_ptr + row, tl.load(a_ptr + row * a_rs).to(tl.float32) * cr)
+            tl.store(dh0_ptr + rows, ar * cr, mask=rmask)
 
 # %% ../nbs/10_triton_scan.ipynb #ddf42c38
 CONFIG = {"BLOCK": 2048, "num_warps": 8, "num_stages": 2}  # the fixed GPU configuration (bench/gpu.py times others)
+_MAXNREG = {(False, "fwd"): 80, (False, "bwd"): 128, (True, "fwd"): 255, (True, "bwd"): 255}  # registers per thread allowed (complex, direction)
 
 def _gpu_config(L):
-    "(BLOCK, num_warps, num_stages) on a GPU for rows of length `L`: 8 elements per thread."
+    "(ROWS, BLOCK, num_warps, num_stages) on a GPU for rows of length `L`: a tile of `CONFIG['BLOCK']` elements, 8 per thread; short rows share a program."
     block = max(16, min(CONFIG["BLOCK"], triton.next_power_of_2(L)))
-    return block, max(1, min(CONFIG["num_warps"], block // 256)), CONFIG["num_stages"]
+    return CONFIG["BLOCK"] // block, block, CONFIG["num_warps"], CONFIG["num_stages"]
 
 def _config(L):
-    "The launch configuration: tiny blocks under the interpreter, which pays per lane."
-    return (16, 1, 1) if os.environ.get("TRITON_INTERPRET") == "1" else _gpu_config(L)
+    "The launch configuration: tiny tiles under the interpreter, which pays per lane (2 rows, to exercise several rows per program)."
+    return (2, 16, 1, 1) if os.environ.get("TRITON_INTERPRET") == "1" else _gpu_config(L)
 
 def _rows(x, shape, dtype):
-    "`x` broadcast to `shape` (..., L) as rows: (tensor, row stride, time stride); a time-invariant `x`, (..., 1), keeps one number per row and time stride 0."
+    "`x` broadcast to `shape` (..., L) as rows without copying what strides express: (tensor, row stride, time stride, group); row r reads row r // group."
     *batch, L = shape
-    R = math.prod(batch)
     x = x.to(dtype).resolve_conj()
-    if x.shape[-1] == 1 and L > 1:
-        x = x.expand(*batch, 1).reshape(R, 1)
-        return x, x.stride(0), 0
-    x = x.expand(shape).reshape(R, L)  # a view where the strides allow it
-    if x.stride(1) != 1: x = x.contiguous()
-    return x, x.stride(0), 1
+    x = x.reshape((1,) * (len(shape) - x.ndim) + tuple(x.shape))
+    k = len(batch)
+    while k > 0 and x.shape[k - 1] == 1: k -= 1  # trailing batch axes x is broadcast along: consecutive rows share it
+    T = 1 if x.shape[-1] == 1 and L > 1 else L  # a time-invariant x keeps one number per row
+    x = x.expand(*batch[:k], *x.shape[k:-1], T).reshape(math.prod(batch[:k]), T)  # a view where the strides allow it
+    if T > 1 and x.stride(1) != 1: x = x.contiguous()
+    return x, x.stride(0), 0 if T == 1 and L > 1 else 1, math.prod(batch[k:])
 
 def _f(x):
     "The float view a kernel reads: (re, im) pairs for a complex tensor."
@@ -180,6 +182,27 @@ def _scan_dtype(a, b, h0):
     return dtype
 
 # %% ../nbs/10_triton_scan.ipynb #la000001
+def _fwd_launch(a, b, h0, h, config):
+    "Grid, arguments and keyword arguments of `_scan_fwd_kernel` computing `h` (rows, L) = scan(a, b, h0)."
+    R, L = h.shape
+    shape, dtype = (*torch.broadcast_shapes(a.shape, b.shape)[:-1], L), h.dtype
+    (A, a_rs, a_ts, a_group), (B, b_rs, b_ts, b_group) = _rows(a, shape, dtype), _rows(b, shape, dtype)
+    H0 = None if h0 is None else h0.to(dtype).resolve_conj().expand(shape[:-1]).reshape(R).contiguous()
+    ROWS, BLOCK, warps, stages = config
+    args = (_f(A), _f(B), _f(H0 if H0 is not None else h), _f(h), R, L, a_rs, a_ts, a_group, b_rs, b_ts, b_group)
+    return (triton.cdiv(R, ROWS),), args, dict(HAS_H0=H0 is not None, COMPLEX=dtype.is_complex, ROWS=ROWS, BLOCK=BLOCK, STAGES=stages, num_warps=warps, enable_fp_fusion=True, maxnreg=_MAXNREG[dtype.is_complex, 'fwd'])
+
+def _bwd_launch(a, h0, h, gh, da, db, dh0, config):
+    "Grid, arguments and keyword arguments of `_scan_bwd_kernel` for `h` (rows, L) = scan(a, b, h0) and dL/dh = `gh`."
+    R, L = h.shape
+    shape, dtype = (*gh.shape[:-1], L), h.dtype
+    A, a_rs, a_ts, a_group = _rows(a, shape, dtype)
+    G = gh.to(dtype).resolve_conj().expand(shape).reshape(R, L).contiguous()
+    H0 = None if h0 is None else h0.to(dtype).resolve_conj().expand(shape[:-1]).reshape(R).contiguous()
+    ROWS, BLOCK, warps, stages = config
+    args = (_f(A), _f(G), _f(H0 if H0 is not None else dh0), _f(h), _f(da), _f(db), _f(dh0), R, L, a_rs, a_ts, a_group)
+    return (triton.cdiv(R, ROWS),), args, dict(HAS_H0=H0 is not None, COMPLEX=dtype.is_complex, ROWS=ROWS, BLOCK=BLOCK, STAGES=stages, num_warps=warps, enable_fp_fusion=True, maxnreg=_MAXNREG[dtype.is_complex, 'bwd'])
+
 def _scan_fwd(
     a:Tensor, # decays, broadcastable to (..., L)
     b:Tensor, # inputs
@@ -190,34 +213,25 @@ def _scan_fwd(
     resolve_backend("triton", b, name="scan_triton")  # CUDA tensors, or CPU under the interpreter
     for name, x in (("a", a), ("h0", h0)):
         if x is not None and x.device != b.device: raise ValueError(f"{name} is on {x.device} but b is on {b.device}: the Triton scan needs all on one device")
-    *batch, L = shape
-    R = math.prod(batch)
-    h = torch.empty(R, L, dtype=dtype, device=b.device)
-    if R == 0: return h.reshape(shape)
-    (A, a_rs, a_ts), (B, b_rs, b_ts) = _rows(a, shape, dtype), _rows(b, shape, dtype)
-    H0 = None if h0 is None else h0.to(dtype).resolve_conj().expand(batch).reshape(R).contiguous()
-    BLOCK, warps, stages = _config(L)
-    _scan_fwd_kernel[(R,)](_f(A), _f(B), _f(H0 if H0 is not None else h), _f(h), L, a_rs, a_ts, b_rs, b_ts,
-                           HAS_H0=H0 is not None, COMPLEX=dtype.is_complex, BLOCK=BLOCK, STAGES=stages, num_warps=warps, enable_fp_fusion=True)
+    h = torch.empty(math.prod(shape[:-1]), shape[-1], dtype=dtype, device=b.device)
+    if h.shape[0]:
+        grid, args, kw = _fwd_launch(a, b, h0, h, _config(shape[-1]))
+        _scan_fwd_kernel[grid](*args, **kw)
     return h.reshape(shape)
 
 def _scan_bwd(a, b_shape, b_dtype, h0, h, gh):
     "The gradients of $a$, $b$ and $h_{-1}$ from $\\partial\\mathcal L/\\partial h$ by `_scan_bwd_kernel`."
     shape, dtype = h.shape, h.dtype
-    *batch, L = shape
-    R = math.prod(batch)
+    R, L = math.prod(shape[:-1]), shape[-1]
     acc = torch.complex64 if dtype.is_complex else torch.float32  # for gradients still to be summed over broadcast axes
-    A, a_rs, a_ts = _rows(a, shape, dtype)
-    G = gh.to(dtype).resolve_conj().expand(shape).reshape(R, L).contiguous()
-    H0 = None if h0 is None else h0.to(dtype).resolve_conj().expand(batch).reshape(R).contiguous()
     da = torch.empty(R, L, dtype=dtype if a.shape == shape else acc, device=h.device)
     db = torch.empty(R, L, dtype=dtype if b_shape == shape else acc, device=h.device)
     dh0 = torch.empty(R, dtype=acc, device=h.device)
-    BLOCK, warps, stages = _config(L)
-    if R: _scan_bwd_kernel[(R,)](_f(A), _f(G), _f(H0 if H0 is not None else dh0), _f(h.reshape(R, L)), _f(da), _f(db), _f(dh0), L, a_rs, a_ts,
-                                HAS_H0=H0 is not None, COMPLEX=dtype.is_complex, BLOCK=BLOCK, STAGES=stages, num_warps=warps, enable_fp_fusion=True)
+    if R:
+        grid, args, kw = _bwd_launch(a, h0, h.reshape(R, L), gh, da, db, dh0, _config(L))
+        _scan_bwd_kernel[grid](*args, **kw)
     da, db = _reduce(da.reshape(shape), a.shape, a.dtype), _reduce(db.reshape(shape), b_shape, b_dtype)
-    return da, db, None if h0 is None else _reduce(dh0.reshape(batch), h0.shape, h0.dtype)
+    return da, db, None if h0 is None else _reduce(dh0.reshape(shape[:-1]), h0.shape, h0.dtype)
 
 # %% ../nbs/10_triton_scan.ipynb #cbe8b1c9
 class _ScanTriton(torch.autograd.Function):
@@ -243,28 +257,39 @@ def scan_triton(
 
 # %% ../nbs/10_triton_scan.ipynb #ap000002
 BENCH_SHAPE = (8, 1536, 4096)  # (batch, channels, L) of bench/gpu.py
-_PTR = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.complex64: "fp32"}
+_PTR = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+def _spec(kernel, fn, variant, grid, args, kw):
+    "A compile spec from a launch's arguments, specialized as Triton's JIT does: ints equal to 1 become constants, ints divisible by 16 and pointers are marked aligned."
+    kw = dict(kw)
+    opts = {k: kw.pop(k) for k in ("num_warps", "enable_fp_fusion", "maxnreg")}
+    sig, cx, aligned = {k: "constexpr" for k in kw}, dict(kw), []
+    for name, v in zip(fn.arg_names, args):
+        if isinstance(v, torch.Tensor): sig[name] = "*" + _PTR[v.dtype]; aligned.append(name)  # fresh allocations: 16-byte aligned
+        elif v == 1: sig[name], cx[name] = "constexpr", 1
+        else:
+            sig[name] = "i32" if -2**31 <= v < 2**31 else "i64"
+            if v % 16 == 0: aligned.append(name)
+    return dict(kernel=kernel, variant=variant, fn=fn, signature=sig, constexprs=cx, aligned=aligned, num_warps=opts["num_warps"],
+                num_stages=kw["STAGES"], options={k: opts[k] for k in ("enable_fp_fusion", "maxnreg")}, dot=False, vector_loads=True)
 
 def compile_specs()->list: # one dict per kernel variant (see notebook 10b)
-    "The kernel variants the launchers start at `BENCH_SHAPE`, as `ssm_course.gpu_report` compiles them."
-    BLOCK, warps, stages = _gpu_config(BENCH_SHAPE[-1])
+    "The kernel variants the launchers start at `BENCH_SHAPE` (and for SSD's state passing), built by the launchers themselves on meta tensors."
+    B, D, L = BENCH_SHAPE
+    m = lambda shape, dtype: torch.empty(shape, dtype=dtype, device="meta")
+    cases = [(dt, (B, D, L), (B, D, L), False, str(dt).removeprefix("torch.")) for dt in (torch.float32, torch.float16, torch.bfloat16, torch.complex64)]
+    cases += [(dt, (B, D, L), (B, D, L), True, str(dt).removeprefix("torch.") + ", h0") for dt in (torch.float32, torch.complex64)]
+    cases += [(dt, (D, 1), (B, D, L), False, str(dt).removeprefix("torch.") + ", time-invariant a") for dt in (torch.float32, torch.complex64)]
+    cases += [(torch.float32, (2, 32, 1, 1, 64), (2, 32, 64, 128, 64), True, "float32, a shared by 8192 rows, L = 64 (SSD state passing)")]
     out = []
-    for dtype, h0, lti in [(torch.float32, False, False), (torch.float16, False, False), (torch.bfloat16, False, False), (torch.complex64, False, False),
-                           (torch.float32, True, False), (torch.complex64, True, False), (torch.float32, False, True), (torch.complex64, False, True)]:
-        t, f32 = _PTR[dtype], "fp32"
-        variant = str(dtype).removeprefix("torch.") + (", h0" if h0 else "") + (", time-invariant a" if lti else "")
-        cx = {"HAS_H0": h0, "COMPLEX": dtype.is_complex, "BLOCK": BLOCK, "STAGES": stages}
-        # a time-invariant decay is (rows, 1): row stride 1 (a compile-time constant), time stride 0; otherwise the time stride is 1
-        a_sig, a_cx, a_al = ({"a_rs": "constexpr", "a_ts": "i32"}, {"a_rs": 1}, ["a_ts"]) if lti else ({"a_rs": "i32", "a_ts": "constexpr"}, {"a_ts": 1}, ["a_rs"])
-        flags = {"HAS_H0": "constexpr", "COMPLEX": "constexpr", "BLOCK": "constexpr", "STAGES": "constexpr"}
-        fwd = {"a_ptr": f"*{t}", "b_ptr": f"*{t}", "h0_ptr": f"*{t}", "h_ptr": f"*{t}", "L": "i32", **a_sig, "b_rs": "i32", "b_ts": "constexpr", **flags}
-        bwd = {"a_ptr": f"*{t}", "g_ptr": f"*{t}", "h0_ptr": f"*{t if h0 else f32}", "h_ptr": f"*{t}", "da_ptr": f"*{f32 if lti else t}",
-               "db_ptr": f"*{t}", "dh0_ptr": f"*{f32}", "L": "i32", **a_sig, **flags}
-        common = dict(variant=variant, num_warps=warps, num_stages=stages, options={"enable_fp_fusion": True}, dot=False, vector_loads=True)
-        out.append(dict(kernel="_scan_fwd_kernel", fn=_scan_fwd_kernel, signature=fwd, constexprs={**cx, **a_cx, "b_ts": 1},
-                        aligned=["a_ptr", "b_ptr", "h0_ptr", "h_ptr", "L", "b_rs"] + a_al, **common))
-        out.append(dict(kernel="_scan_bwd_kernel", fn=_scan_bwd_kernel, signature=bwd, constexprs={**cx, **a_cx},
-                        aligned=["a_ptr", "g_ptr", "h0_ptr", "h_ptr", "da_ptr", "db_ptr", "dh0_ptr", "L"] + a_al, **common))
+    for dtype, a_shape, b_shape, has_h0, variant in cases:
+        a, b, h0 = m(a_shape, dtype), m(b_shape, dtype), m(b_shape[:-1], dtype) if has_h0 else None
+        R, L = math.prod(b_shape[:-1]), b_shape[-1]
+        h, config = m((R, L), dtype), _gpu_config(L)
+        out.append(_spec("_scan_fwd_kernel", _scan_fwd_kernel, variant, *_fwd_launch(a, b, h0, h, config)))
+        acc = torch.complex64 if dtype.is_complex else torch.float32
+        da, db, dh0 = m((R, L), dtype if a_shape == b_shape else acc), m((R, L), dtype), m((R,), acc)
+        out.append(_spec("_scan_bwd_kernel", _scan_bwd_kernel, variant, *_bwd_launch(a, h0, h, m(b_shape, dtype), da, db, dh0, config)))
     return out
 
 def perf_model()->list: # one dict per op and direction at BENCH_SHAPE

@@ -124,3 +124,9 @@ def test_mirrored_offsets_lose_vector_loads(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(res.stdout.strip().splitlines()[-1]) == [True, False]  # forward-ordered: 128-bit; mirrored: not
+
+
+def test_bfloat16_stores_round_to_nearest_even():
+    "The scan kernels store bfloat16 with cvt.rn (round to nearest even), which the interpreter does not show (it truncates)."
+    rows = gpu_report("--json", "--asm", "--modules", "ssm_course.triton_scan", "--variants", "bfloat16")
+    assert len(rows) == 4 and all("cvt.rn.bf16x2.f32" in r["ptx"] for r in rows)

@@ -22,10 +22,12 @@ def up(x): return x.to(torch.complex128 if x.is_complex() else torch.float64)
 
 
 def inputs(kind, L, g):
-    "(a, b, h0) for a scan of `kind`: real, complex, lti (a time-invariant decay, shape (..., 1)), near_one, bcast (a decay shared by the batch)."
+    "(a, b, h0) for a scan of `kind`: real, complex, lti (a time-invariant decay, shape (..., 1)), near_one, bcast (a decay shared by the batch), shared (a decay shared by consecutive rows, 3 rows: a partly empty tile)."
     if kind == "complex":
         return (torch.polar(torch.rand(2, L, generator=g), torch.randn(2, L, generator=g)),
                 torch.randn(3, 2, L, generator=g, dtype=torch.complex64), torch.randn(3, 2, generator=g, dtype=torch.complex64))
+    if kind == "shared":
+        return torch.rand(3, 1, L, generator=g), torch.randn(3, 3, L, generator=g), torch.randn(3, 3, generator=g)
     a = torch.rand(2, 1 if kind == "lti" else L, generator=g)
     if kind == "near_one": a = 1 - 1e-5 * a
     if kind == "bcast": a = a[0]
@@ -40,7 +42,7 @@ def forward_and_grads(a, b, h0, w, backend):
 
 
 @pytest.mark.parametrize("L", [1, 16, 17, 50])
-@pytest.mark.parametrize("kind", ["real", "complex", "lti", "near_one", "bcast"])
+@pytest.mark.parametrize("kind", ["real", "complex", "lti", "near_one", "bcast", "shared"])
 def test_scan_forward_and_backward(L, kind):
     "The forward kernel and the fused backward kernel against autograd through the float64 loop."
     g = torch.Generator().manual_seed(L)
@@ -72,10 +74,13 @@ def test_scan_half_precision_within_one_ulp(dtype):
 def test_time_invariant_decay_is_not_expanded():
     "A decay of shape (..., 1) reaches the kernel as one number per row with time stride 0, not as an (..., L) copy."
     from ssm_course.triton_scan import _rows
-    A, rs, ts = _rows(torch.rand(3, 1), (2, 3, 500), torch.float32)
-    assert A.numel() == 6 and ts == 0
-    A, rs, ts = _rows(torch.rand(500), (2, 3, 500), torch.float32)  # shared by every row: a view, row stride 0
-    assert A.untyped_storage().nbytes() == 500 * 4 and rs == 0 and ts == 1
+    A, rs, ts, group = _rows(torch.rand(3, 1), (2, 3, 500), torch.float32)
+    assert A.numel() == 6 and ts == 0 and group == 1
+    A, rs, ts, group = _rows(torch.rand(500), (2, 3, 500), torch.float32)  # shared by every row: one row in memory
+    assert A.untyped_storage().nbytes() == 500 * 4 and ts == 1 and group == 6
+    u = torch.rand(2, 3, 500)
+    A, rs, ts, group = _rows(u[:, :, None, :], (2, 3, 4, 500), torch.float32)  # an input shared by 4 consecutive rows: a view of u
+    assert A.data_ptr() == u.data_ptr() and A.shape == (6, 500) and group == 4
 
 
 OFFSETS = """
