@@ -46,6 +46,7 @@ def cell_options(src: str):
     lines = src.splitlines()
     n = next((i for i, l in enumerate(lines) if not l.lstrip().startswith("#|")), len(lines))
     opt_lines = [re.sub(r"^\s*#\|\s?", "", l) for l in lines[:n]]
+    opt_lines = [l for l in opt_lines if re.match(r"[\w-]+\s*:", l)]  # not nbdev's own flags (`#| export`, `#| hide`)
     try: opts = yaml.safe_load("\n".join(opt_lines)) or {}
     except yaml.YAMLError: opts = None
     if not isinstance(opts, dict):  # not valid YAML (e.g. an unquoted `: `): one option per line, as nbdev reads them
