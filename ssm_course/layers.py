@@ -407,7 +407,7 @@ class Mamba(nn.Module):
 
     def forward(self,
                 x:Tensor, # (batch, length, H)
-                state=None, # the pair (convolution state, SSM state) to continue from (default: zero)
+                state:tuple|None=None, # the pair (convolution state, SSM state) to continue from (default: zero)
                 return_state:bool=False, # also return the final state
                ):
         "The whole sequence: projections, causal convolution, selective scan, gate, projection."
@@ -427,7 +427,7 @@ class Mamba(nn.Module):
 
     def step(self,
              x_t:Tensor, # (batch, H), one time step
-             state, # the pair (convolution state, SSM state)
+             state:tuple, # the pair (convolution state, SSM state)
             ): # (y_t (batch, H), the new state)
         "One step: the convolution over the stored inputs, one step of the selective recurrence."
         _check_x(x_t, self.d_model, "x_t", ndim=2)
