@@ -253,13 +253,13 @@ def _lstm_reference(lstm:torch.nn.LSTM, # batch-first LSTM
 
 def case_layers(quick:bool=False, # tiny shapes
                )->Case:
-    "Forward pass of every layer of notebook 12, and `torch.nn.LSTM` of the same width; each checked against its float64 step recurrence."
+    "Forward pass of every recurrent layer of notebook 12, and `torch.nn.LSTM` of the same width; each checked against its float64 step recurrence."
     from ssm_course.layers import LAYERS
     B, L, H = (2, 128, 16) if quick else (8, 1024, 128)
     steps = min(L, 256)
     x = torch.randn(B, L, H, generator=_gen(6))
     torch.manual_seed(0)
-    mods = {f"ssm_course.layers.{cls.__name__}": cls(H) for cls in LAYERS.values()}
+    mods = {f"ssm_course.layers.{cls.__name__}": cls(H) for cls in LAYERS.values() if hasattr(cls, "step")}  # the recurrent layers
     lstm = torch.nn.LSTM(H, H, batch_first=True)
     fns = {k: (lambda m=m: m(x)) for k, m in mods.items()} | {"torch.nn.LSTM": lambda: lstm(x)[0]}
     refs = {k: (lambda m=m: _step_reference(m, x, steps)) for k, m in mods.items()} | {"torch.nn.LSTM": lambda: _lstm_reference(lstm, x, steps)}
