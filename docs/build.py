@@ -57,6 +57,23 @@ def cell_options(src: str):
     return opts, "\n".join(lines[n:]).strip("\n")
 
 
+def quarto_option_errors(nb: dict) -> list[int]:
+    """Indices of the code cells whose `#| key: value` options are not one YAML mapping. docs/build.py reads them line
+    by line as nbdev does, but Quarto parses them as YAML (js-yaml) and stops, so `nbdev-docs` fails on them.
+    The usual cause is an unquoted value containing ": "; quoting it (`#| fig-cap: "a: b"`) fixes it."""
+    bad = []
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code": continue
+        lines = _text(cell.get("source", "")).splitlines()
+        n = next((k for k, l in enumerate(lines) if not l.lstrip().startswith("#|")), len(lines))
+        opts = [re.sub(r"^\s*#\|\s?", "", l) for l in lines[:n] if re.match(r"\s*#\|\s*[\w-]+\s*:", l)]
+        if not opts: continue
+        try: ok = isinstance(yaml.safe_load("\n".join(opts)), dict)
+        except yaml.YAMLError: ok = False
+        if not ok: bad.append(i)
+    return bad
+
+
 def _text(v): return "".join(v) if isinstance(v, list) else v
 
 
@@ -459,6 +476,10 @@ def build_site(out: Path, n_workers=0):
         label = "Overview" if nb.name == cfg.readme_nb else meta.get("title", nb.stem)
         pages.append(dict(nb=nb, meta=meta, md=_yaml_header(meta) + body, images=images, name=page_name(nb),
                           label=_plain(str(label)), num=num[1] if num else ""))
+    quarto_bad = {nb.name: b for nb in notebooks(cfg.nbs_path) if (b := quarto_option_errors(json.loads(nb.read_text())))}
+    if quarto_bad:  # our build reads them; Quarto (nbdev-docs) would not
+        print("warning: cell options that are not YAML, which Quarto cannot read (quote the value): "
+              + "; ".join(f"{k} cells {v}" for k, v in quarto_bad.items()), file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     for a in ASSETS:
         (out / a).parent.mkdir(parents=True, exist_ok=True)
