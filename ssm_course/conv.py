@@ -9,206 +9,435 @@ __all__ = ['ssm_recurrence', 'krylov', 'ssm_kernel', 'next_fast_len', 'causal_co
 
 # %% ../nbs/04_convolution.ipynb #846133f9
 import math
+import numpy as np
 import torch
 from torch import Tensor
-from .checks import check_tensor, check_square, check_last_dim, common_dtype
+from .checks import (check_tensor, check_square, check_last_dim, check_size, broadcast_batch, float_dtype,
+                               compute_dtype, values_hidden)
 
 # %% ../nbs/04_convolution.ipynb #7acaa1df
 def ssm_recurrence(
-    Ad:Tensor, # discrete state matrix, (..., N, N)
-    Bd:Tensor, # discrete input vector, (..., N)
+    Ad:Tensor, # discrete state matrix $\bar A$, (..., N, N)
+    Bd:Tensor, # discrete input vector $\bar B$, (..., N)
     C:Tensor, # output vector, (..., N)
     u:Tensor, # input, time last, (..., L)
-    x0:Tensor|None=None, # initial state x_{-1}, (..., N); zero if None
-    return_state:bool=False, # also return the final state x_{L-1}
-): # y (..., L), or (y, x_{L-1}) with `return_state`
-    "The sequential reference: x_k = Ad x_{k-1} + Bd u_k, y_k = C x_k."
+    x0:Tensor|None=None, # initial state $x_{-1}$, (..., N); zero if None
+    return_state:bool=False, # also return the final state $x_{L-1}$
+): # y (..., L), or (y, $x_{L-1}$) with `return_state`
+    r"The sequential reference: $x_k = \bar A x_{k-1} + \bar B u_k$, $y_k = C x_k$ for $k = 0, \dots, L-1$."
     N = check_square(Ad, "Ad")
     check_last_dim(Bd, "Bd", N)
     check_last_dim(C, "C", N)
     u = check_tensor(u, "u", min_ndim=1)
     if u.shape[-1] == 0: raise ValueError(f"u must have at least one time step, got shape {tuple(u.shape)}")
-    dtype = common_dtype(Ad, Bd, C, u)
-    batch = torch.broadcast_shapes(Ad.shape[:-2], Bd.shape[:-1], C.shape[:-1], u.shape[:-1])
-    x = torch.zeros(*batch, N, dtype=dtype, device=u.device)
-    if x0 is not None: x = x + check_last_dim(x0, "x0", N).to(dtype)
-    Ad, Bd, C, u = Ad.to(dtype), Bd.to(dtype), C.to(dtype), u.to(dtype)
+    xs = [Ad, Bd, C, u] + ([check_last_dim(x0, "x0", N)] if x0 is not None else [])
+    out, work = float_dtype(*xs), compute_dtype(*xs)  # integers give floats; half precision runs in float32
+    batch = broadcast_batch(Ad=Ad.shape[:-2], Bd=Bd.shape[:-1], C=C.shape[:-1], u=u.shape[:-1], **({"x0": x0.shape[:-1]} if x0 is not None else {}))
+    Ad, Bd, C, u = (t.to(work) for t in (Ad, Bd, C, u))
+    x = torch.zeros(*batch, N, dtype=work, device=u.device)
+    if x0 is not None: x = x + x0.to(work)
     ys = []
     for k in range(u.shape[-1]):
         x = (Ad @ x[..., None])[..., 0] + Bd * u[..., k, None]  # (..., N)
         ys.append((C * x).sum(-1))
-    y = torch.stack(ys, -1)
-    return (y, x) if return_state else y
+    y = torch.stack(ys, -1).to(out)
+    return (y, x.to(out)) if return_state else y
 
 # %% ../nbs/04_convolution.ipynb #b6d74c58
 def krylov(
-    Ad:Tensor, # discrete state matrix, (..., N, N)
+    Ad:Tensor, # discrete state matrix $\bar A$, (..., N, N)
     v:Tensor, # vector, (..., N)
-    L:int, # number of powers
-)->Tensor: # [v, Ad v, ..., Ad^{L-1} v], (..., N, L)
-    "The Krylov matrix of `Ad` and `v`, by doubling: [V, Ad^m V] with Ad^m squared each round."
-    batch = torch.broadcast_shapes(Ad.shape[:-2], v.shape[:-1])
-    V, P = v.expand(*batch, v.shape[-1])[..., None], Ad  # (..., N, m) columns Ad^l v for l < m; P = Ad^m
+    L:int, # number of powers, at least 1
+)->Tensor: # $[v, \bar A v, \dots, \bar A^{L-1} v]$, (..., N, L)
+    r"The Krylov matrix of $\bar A$ and $v$, by doubling: $[V, \bar A^m V]$ with $\bar A^m$ squared each round."
+    N = check_square(Ad, "Ad")
+    check_last_dim(v, "v", N)
+    L = check_size(L, "L")
+    batch = broadcast_batch(Ad=Ad.shape[:-2], v=v.shape[:-1])
+    V, P = v.expand(*batch, N)[..., None], Ad  # (..., N, m): columns Ad^l v for l < m; P = Ad^m
     while V.shape[-1] < L:
         V = torch.cat([V, P @ V], -1)  # (..., N, 2m)
         P = P @ P
     return V[..., :L]
 
 def ssm_kernel(
-    Ad:Tensor, # discrete state matrix, (..., N, N)
-    Bd:Tensor, # discrete input vector, (..., N)
+    Ad:Tensor, # discrete state matrix $\bar A$, (..., N, N)
+    Bd:Tensor, # discrete input vector $\bar B$, (..., N)
     C:Tensor, # output vector, (..., N)
-    L:int, # kernel length
-)->Tensor: # K_l = C Ad^l Bd, (..., L)
-    "The SSM convolution kernel of a dense state matrix: C times the Krylov matrix of (Ad, Bd)."
+    L:int, # kernel length, at least 1
+)->Tensor: # $K_l = C\bar A^l\bar B$, (..., L)
+    "The SSM convolution kernel of a dense state matrix: $C$ times the Krylov matrix of $(\\bar A, \\bar B)$."
     N = check_square(Ad, "Ad")
     check_last_dim(Bd, "Bd", N)
     check_last_dim(C, "C", N)
-    if not isinstance(L, int) or L < 1: raise ValueError(f"L must be a positive integer, got {L!r}")
-    dtype = common_dtype(Ad, Bd, C)
-    Ad, Bd, C = Ad.to(dtype), Bd.to(dtype), C.to(dtype)
-    return torch.einsum("...n,...nl->...l", C, krylov(Ad, Bd, L))
+    L = check_size(L, "L")
+    broadcast_batch(Ad=Ad.shape[:-2], Bd=Bd.shape[:-1], C=C.shape[:-1])
+    out, work = float_dtype(Ad, Bd, C), compute_dtype(Ad, Bd, C)
+    Ad, Bd, C = Ad.to(work), Bd.to(work), C.to(work)
+    return torch.einsum("...n,...nl->...l", C, krylov(Ad, Bd, L)).to(out)
 
 # %% ../nbs/04_convolution.ipynb #3cf21bad
 def next_fast_len(
-    n:int, # minimum length
-)->int: # the smallest 2^a 3^b 5^c >= n
+    n:int, # minimum length, at least 1
+)->int: # the smallest $2^a 3^b 5^c \ge n$
     "The smallest FFT-friendly length (prime factors 2, 3 and 5 only) that is at least `n`."
-    best, p5 = 2 ** max(0, math.ceil(math.log2(max(n, 1)))), 1
+    n = check_size(n, "n")
+    best, p5 = 2 ** math.ceil(math.log2(n)), 1
     while p5 < best:
         p35 = p5
         while p35 < best:
-            p = p35 * 2 ** max(0, math.ceil(math.log2(n / p35)))  # smallest power-of-two multiple >= n
-            best = min(best, p)
+            best = min(best, p35 * 2 ** max(0, math.ceil(math.log2(n / p35))))  # smallest power-of-two multiple >= n
             p35 *= 3
         p5 *= 5
     return best
 
+# %% ../nbs/04_convolution.ipynb #e5a7f6b2
+def fft_conv(u, K):
+    "Causal convolution by zero-padded FFT, the readable version: first L outputs of the length-n circular convolution."
+    L = u.shape[-1]
+    n = next_fast_len(L + K.shape[-1] - 1)  # >= 2L - 1 when K has L taps: nothing wraps into the first L outputs
+    if u.is_complex() or K.is_complex(): return torch.fft.ifft(torch.fft.fft(u, n=n) * torch.fft.fft(K, n=n), n=n)[..., :L]
+    return torch.fft.irfft(torch.fft.rfft(u, n=n) * torch.fft.rfft(K, n=n), n=n)[..., :L]  # real signals: half the spectrum
+
+# %% ../nbs/04_convolution.ipynb #c6e8d15c
+try: import ducc0  # pocketfft's successor: the FFT of the CPU path
+except ImportError: ducc0 = None
+
+_GUARD = 16.0  # an input more than _GUARD times larger than every earlier input takes no part in the earlier outputs
+_ROWS = 8  # FFT rows per block of the CPU path: ducc0 vectorizes across them, and 8 rows of 2L samples stay in cache
+
+def _take(A, idx):
+    "`A[idx]` for a 1-d index array: a view when `idx` is a run of consecutive rows, else a copy."
+    run = len(idx) > 0 and idx[-1] - idx[0] == len(idx) - 1 and (len(idx) < 3 or bool((np.diff(idx) == 1).all()))
+    return A[idx[0]:idx[-1] + 1] if run else A[idx]
+
+class _Spectra:
+    "Real FFTs of length `n` (by ducc0) of rows zero-padded from `m` samples, in buffers reused from block to block."
+    def __init__(self, n, m, dtype, rows=_ROWS):
+        self.n, self.m, self.threads = n, m, torch.get_num_threads()
+        self.buf = np.zeros((rows, n), dtype)  # columns m: stay zero, the padding
+        self.X = np.empty((rows, n // 2 + 1), np.result_type(dtype, np.complex64))
+        self.y = np.empty((rows, n), dtype)
+    def load(self, A, idx):
+        "Copy the rows `A[idx]` into the buffer; return the (r, m) view of them."
+        self.buf[:len(idx), :self.m] = _take(A, idx)
+        return self.buf[:len(idx), :self.m]
+    def fwd(self, r):
+        "The spectra of the first `r` loaded rows, (r, n//2+1)."
+        return ducc0.fft.r2c(self.buf[:r], axes=(1,), out=self.X[:r], nthreads=self.threads)
+    def inv(self, X, L):
+        "The first `L` samples of the inverse transforms of `X` (which may be overwritten)."
+        return ducc0.fft.c2r(X, axes=(1,), lastsize=self.n, forward=False, inorm=2, out=self.y[:len(X)],
+                             nthreads=self.threads, allow_overwriting_input=True)[:, :L]
+
+def _spectra(A, n):
+    "Spectra of all rows of `A`, zero-padded to `n`: for an operand shared by many rows."
+    buf = np.zeros((len(A), n), A.dtype); buf[:, :A.shape[1]] = A
+    return ducc0.fft.r2c(buf, axes=(1,), nthreads=torch.get_num_threads())
+
+def _np_causal(A, ia, Bm, ib, L, rows=_ROWS):
+    """Row r: the causal convolution of `A[ia[r], :L]` with `Bm[ib[r]]` (first `L` outputs), with steps 1 and 2:
+    NaN from a non-finite value on, and outputs before a row's first input within _GUARD of its largest recomputed."""
+    LK = Bm.shape[-1]
+    n = next_fast_len(L + LK - 1)
+    R = len(ia)
+    badK, finK = np.full(len(Bm), L), np.isfinite(Bm)
+    if not finK.all():  # a non-finite tap: zero from there on, NaN outputs from there on
+        badK = np.where(finK.all(-1), L, (~finK).argmax(-1))
+        Bm = np.where(np.arange(LK) >= badK[:, None], 0, Bm).astype(Bm.dtype)
+    FB = _spectra(Bm, n) if len(Bm) < R else None  # a kernel broadcast over rows: transform each of its rows once
+    sa = _Spectra(n, L, A.dtype, rows)
+    sb = _Spectra(n, LK, Bm.dtype, rows) if FB is None else None
+    out = np.empty((R, L), A.dtype)
+    first, bad = np.zeros(R, np.int64), np.full(R, L)
+    for s in range(0, R, rows):
+        ua = sa.load(A, ia[s:s + rows])  # (r, L) view of the padded buffer, masked in place if needed
+        hi = np.maximum(ua.max(-1), -ua.min(-1))  # largest |u| per row; NaN or inf marks a non-finite row
+        for i in np.nonzero(~np.isfinite(hi))[0]:
+            b = int((~np.isfinite(ua[i])).argmax()); ua[i, b:] = 0; bad[s + i] = b
+            hi[i] = np.abs(ua[i]).max()
+        win = np.abs(ua[:, :64]) >= hi[:, None] / _GUARD  # the first input within _GUARD of the largest, usually early
+        f = win.argmax(-1)
+        for i in np.nonzero(~win.any(-1))[0]: f[i] = (np.abs(ua[i]) >= hi[i] / _GUARD).argmax()
+        first[s:s + rows] = f
+        Y = _take(FB, ib[s:s + rows]) if FB is not None else (sb.load(Bm, ib[s:s + rows]), sb.fwd(len(ua)))[1]
+        X = sa.fwd(len(ua))
+        X *= Y
+        out[s:s + rows] = sa.inv(X, L)
+    heads = np.nonzero(first > 0)[0]
+    if len(heads):  # outputs before `first`: from the inputs before it only
+        P = int(first[heads].max())
+        keep = np.arange(P) < first[heads][:, None]
+        Ah = np.where(keep, A[ia[heads], :P], 0).astype(A.dtype)
+        out[heads, :P] = np.where(keep, _np_causal(Ah, np.arange(len(heads)), Bm[:, :P], ib[heads], P, rows), out[heads, :P])
+    bad = np.minimum(bad, badK[ib])
+    for r in np.nonzero(bad < L)[0]: out[r, bad[r]:] = np.nan
+    return out
+
+def _np_correlate(G, A, ia, L, io, n_out, n, rows=_ROWS):
+    "Row j: the sum over rows r with io[r] = j (row r itself if `io` is None) of $\\sum_t G_{r,t} A_{ia[r], t-l}$, l < L."
+    R = len(G)
+    FA = _spectra(A, n) if len(A) < R else None
+    sg, sa = _Spectra(n, G.shape[1], G.dtype, rows), (_Spectra(n, A.shape[1], A.dtype, rows) if FA is None else None)
+    out = np.empty((R, L), G.dtype) if io is None else None
+    acc = np.zeros((n_out, n // 2 + 1), sg.X.dtype) if io is not None else None
+    for s in range(0, R, rows):
+        Y = _take(FA, ia[s:s + rows]) if FA is not None else (sa.load(A, ia[s:s + rows]), sa.fwd(len(ia[s:s + rows])))[1]
+        sg.load(G, np.arange(s, min(s + rows, R)))
+        X = sg.fwd(len(Y))
+        X *= np.conj(Y)
+        if io is None: out[s:s + rows] = sg.inv(X, L)
+        elif len(np.unique(io[s:s + rows])) == len(X): acc[io[s:s + rows]] += X
+        else: np.add.at(acc, io[s:s + rows], X)
+    if io is not None:
+        out = np.empty((n_out, L), G.dtype)
+        for s in range(0, n_out, rows): out[s:s + rows] = sg.inv(acc[s:s + rows], L)
+    return out
+
+def _row_index(batch, shape):
+    "For each row of the broadcast `batch`, flattened, the row of a tensor of batch shape `shape` that it reads."
+    return np.broadcast_to(np.arange(math.prod(shape)).reshape(shape), batch).reshape(-1)
+
+def _rows_np(x):
+    "`x` as a (rows, length) NumPy array, sharing memory when it can."
+    return x.detach().resolve_neg().reshape(-1, x.shape[-1]).numpy()
+
+class _CPUCausalConv(torch.autograd.Function):
+    "`causal_conv` of real CPU tensors by ducc0 in cache-sized blocks; backward: the two correlations."
+    @staticmethod
+    def forward(ctx, u, K):
+        batch = torch.broadcast_shapes(u.shape[:-1], K.shape[:-1])
+        iu, iK = _row_index(batch, u.shape[:-1]), _row_index(batch, K.shape[:-1])
+        ctx.save_for_backward(u, K)
+        ctx.rows = (batch, iu, iK)
+        return torch.from_numpy(_np_causal(_rows_np(u), iu, _rows_np(K), iK, u.shape[-1])).reshape(*batch, u.shape[-1])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        u, K = ctx.saved_tensors
+        batch, iu, iK = ctx.rows
+        L, LK = u.shape[-1], K.shape[-1]
+        n, G = next_fast_len(L + LK - 1), _rows_np(g.expand(*batch, L))
+        gu = gK = None
+        if ctx.needs_input_grad[0]:  # d/du_s = sum_t g_t K_{t-s}
+            Ru = math.prod(u.shape[:-1])
+            gu = torch.from_numpy(_np_correlate(G, _rows_np(K), iK, L, iu if Ru < len(G) else None, Ru, n)).reshape(u.shape)
+        if ctx.needs_input_grad[1]:  # d/dK_l = sum_t g_t u_{t-l}
+            RK = math.prod(K.shape[:-1])
+            gK = torch.from_numpy(_np_correlate(G, _rows_np(u), iu, LK, iK if RK < len(G) else None, RK, n)).reshape(K.shape)
+        return gu, gK
+
+# %% ../nbs/04_convolution.ipynb #d7f9e26d
+def _bad_from(x, L):
+    "(..., L) mask: True from the first non-finite entry of `x` (along its last axis) on."
+    bad = ~torch.isfinite(x)
+    first = torch.where(bad.any(-1), bad.to(torch.uint8).argmax(-1), L)
+    return torch.arange(L, device=x.device) >= first[..., None]
+
+def _guarded(u, K):
+    "`fft_conv`, with each row's outputs before its first input within _GUARD of its largest recomputed from the inputs before it."
+    y = fft_conv(u, K)
+    a = u.abs()
+    first = (a >= a.amax(-1, keepdim=True) / _GUARD).to(torch.uint8).argmax(-1)  # (...,)
+    P = int(first.max())
+    if P == 0: return y
+    head = torch.arange(P, device=u.device) < first[..., None]  # (..., P)
+    yh = _guarded(u[..., :P].masked_fill(~head, 0), K[..., :P])
+    return torch.cat([torch.where(head, yh, y[..., :P]), y[..., P:]], -1)
+
+def _causal_torch(u, K):
+    "Steps 1 and 2 around `fft_conv` with torch operations (step 1 only, as masks, where values are hidden)."
+    L = u.shape[-1]
+    bad_u, bad_K = _bad_from(u, L), _bad_from(K, L)
+    u, K = u.masked_fill(bad_u, 0), K.masked_fill(bad_K[..., :K.shape[-1]], 0)
+    y = fft_conv(u, K) if values_hidden(u) else _guarded(u, K)
+    return y.masked_fill(bad_u, math.nan).masked_fill(bad_K, math.nan)
+
+# %% ../nbs/04_convolution.ipynb #e8a0f37e
 def causal_conv(
     u:Tensor, # input, time last, (..., L)
-    K:Tensor, # kernel, (..., L_K); leading dims broadcast against `u`'s
-    chunk:int=2**21, # elements per FFT block: long batches are processed in slices of the last batch dim
-)->Tensor: # y_t = sum_{s <= t} K_s u_{t-s}, (..., L)
-    "Causal convolution along the last axis by FFT, zero-padded so nothing wraps; any length L."
+    K:Tensor, # kernel, (..., L_K); its leading dims broadcast with `u`'s; taps beyond L are not used
+)->Tensor: # $y_t = \sum_{s \le t} K_s u_{t-s}$, (..., L), in the promoted dtype of `u` and `K`
+    "Causal convolution along the last axis by FFT, for any length $L$; causal in floating point too (NaN, inf or huge later inputs)."
     u, K = check_tensor(u, "u", min_ndim=1), check_tensor(K, "K", min_ndim=1)
     L = u.shape[-1]
     if L == 0: raise ValueError(f"u must have at least one time step, got shape {tuple(u.shape)}")
     if K.shape[-1] == 0: raise ValueError(f"K must have at least one tap, got shape {tuple(K.shape)}")
-    try: batch = torch.broadcast_shapes(u.shape[:-1], K.shape[:-1])
-    except RuntimeError: raise ValueError(f"the leading dims of u {tuple(u.shape)} and K {tuple(K.shape)} do not broadcast") from None
-    K = K[..., :L]
-    n = next_fast_len(L + K.shape[-1] - 1)
-    fft, ifft = (torch.fft.fft, torch.fft.ifft) if u.is_complex() or K.is_complex() else (torch.fft.rfft, torch.fft.irfft)
-    Kf = fft(K, n=n)
-    rows = max(1, chunk // (n * math.prod(batch[:-1]))) if batch else 1
-    if not batch or rows >= batch[-1]: return ifft(fft(u, n=n) * Kf, n=n)[..., :L]
-    # Long batches: slices of the last batch dim keep each FFT's working set in cache (about 1.3x faster on CPU).
-    part = lambda x, s: x[..., s:s + rows, :] if x.ndim >= 2 and x.shape[-2] > 1 else x
-    return torch.cat([ifft(fft(part(u, s), n=n) * part(Kf, s), n=n)[..., :L] for s in range(0, batch[-1], rows)], -2)
+    batch = broadcast_batch(u=u.shape[:-1], K=K.shape[:-1])
+    out, work = float_dtype(u, K), compute_dtype(u, K)  # integers give floats; half precision runs in float32
+    u, K = u.to(work), K[..., :L].to(work)
+    if math.prod(batch) == 0: return (torch.zeros(*batch, L, dtype=work, device=u.device) + 0 * (u.sum() + K.sum())).to(out)
+    cpu = ducc0 is not None and u.device.type == K.device.type == "cpu" and not work.is_complex and not values_hidden(u)
+    return (_CPUCausalConv.apply(u, K) if cpu else _causal_torch(u, K)).to(out)
 
 # %% ../nbs/05_s4.ipynb #aa1d5fc0
+from .checks import real_dtype, to_precision
 from .discretize import discretize, _check_dt
 
 # %% ../nbs/05_s4.ipynb #cc77594e
 def cauchy(
     v:Tensor, # numerators, (..., M, N): M sums over the same N poles
-    z:Tensor, # evaluation points, (..., Z)
+    g:Tensor, # evaluation points, (..., Z)
     lam:Tensor, # poles, (..., N)
-    chunk:int=4096, # evaluation points per block (bounds memory at O(N * chunk))
-)->Tensor: # sum_n v[..., m, n] / (z[..., j] - lam[..., n]), (..., M, Z)
-    "Cauchy kernel: M sums over N poles at Z points, chunked over the points."
-    outs = []
-    for s in range(0, z.shape[-1], chunk):
-        R = 1 / (z[..., None, s:s + chunk] - lam[..., :, None])  # (..., N, Zc)
-        outs.append(v @ R)  # (..., M, Zc)
+    chunk:int=4096, # evaluation points per block: memory $O(N\cdot$ chunk$)$
+    skip:Tensor|None=None, # (..., Z) integer: the pole left out of the sums at each point; None leaves none out
+)->Tensor: # $\sum_n v_{mn}/(g_j - \lambda_n)$, (..., M, Z)
+    "Cauchy kernel: $M$ sums over $N$ poles at $Z$ points, chunked over the points."
+    lam = check_tensor(lam, "lam", min_ndim=1)
+    g = check_tensor(g, "g", min_ndim=1)
+    v = check_last_dim(v, "v", lam.shape[-1])
+    if v.ndim < 2: raise ValueError(f"v must have shape (..., M, N), got shape {tuple(v.shape)}")
+    chunk = check_size(chunk, "chunk")
+    outs, Z = [], g.shape[-1]
+    for s in ([0] if Z <= chunk else range(0, Z, chunk)):  # one block: no loop over a symbolic length under torch.compile
+        d = g[..., None, s:s + chunk] - lam[..., :, None]  # (..., N, Zc)
+        if skip is not None:  # 1/inf = 0: the pole skip[j] drops out at point j
+            d = d.scatter(-2, skip[..., None, s:s + chunk].expand(*d.shape[:-2], 1, -1), math.inf)
+        outs.append(v @ (1 / d))  # (..., M, Zc)
     return torch.cat(outs, -1)
+
+# %% ../nbs/05_s4.ipynb #e5a7c9d1
+def _nearest_poles(Lambda, P, dt, L):
+    "(..., L): at each frequency $k$ the pole $n$, among those with $k$ next to $\\frac{L}{\\pi}\\arctan(\\Delta\\,\\mathrm{Im}\\lambda_n/2)$, with the largest $|P_n|^2/|g_k - \\lambda_n|$."
+    w = P.abs().square().sum(-2).double()  # (..., N): |P_n|^2 summed over the rank
+    lam, dt = Lambda.to(torch.complex128), dt.double()
+    th = torch.atan(lam.imag * dt / 2) * (L / math.pi)  # (..., N): g_k passes Im lambda_n at k = th (mod L)
+    k = torch.cat([th.floor(), th.floor() + 1], -1)  # (..., 2N): the grid points on either side
+    gk = torch.complex(torch.zeros_like(k), 2 / dt * torch.tan(math.pi * k / L))  # (..., 2N): g at those grid points
+    score = torch.cat([w, w], -1) ** 2 / ((gk - torch.cat([lam, lam], -1)).abs().square() + 1e-300)
+    k = k.remainder(L).long()
+    best = torch.zeros(*k.shape[:-1], L, dtype=score.dtype, device=k.device).scatter_reduce(-1, k, score, "amax")
+    n = torch.arange(Lambda.shape[-1], device=k.device).repeat(2).expand_as(k)
+    m = torch.zeros(*k.shape[:-1], L + 1, dtype=torch.long, device=k.device)  # slot L collects the claims that lost
+    return m.scatter(-1, torch.where(score == best.gather(-1, k), k, L), n)[..., :L]
 
 # %% ../nbs/05_s4.ipynb #bb3d0d9a
 def _dplr_dense(Lambda, P):
-    "diag(Lambda) - P^T conj(P) as a dense matrix, with P of shape (..., r, N)."
+    "$\\mathrm{diag}(\\Lambda) - P^\\top \\bar P$ as a dense matrix, with `P` of shape (..., r, N)."
     return torch.diag_embed(Lambda) - P.mT @ P.conj()
 
+def _matrix_power(A, L):
+    "$A^L$; while torch.compile traces, by 32 squarings selected by the bits of L, so that a new length reuses the graph."
+    if not torch.compiler.is_compiling(): return torch.linalg.matrix_power(A, L)
+    bits = torch.scalar_tensor(L, dtype=torch.int64, device=A.device)  # a tensor, not a Python int: no specialization on L
+    R = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)
+    for b in range(32):
+        R = torch.where(((bits >> b) & 1).bool(), R @ A, R)
+        A = A @ A
+    return R
+
 def ssm_kernel_dplr(
-    Lambda:Tensor, # diagonal part, (..., N), complex
-    P:Tensor, # low-rank factor: (..., N) for rank 1, or (..., r, N); A = diag(Lambda) - sum_i P_i P_i^*
+    Lambda:Tensor, # diagonal part $\Lambda$, (..., N), complex
+    P:Tensor, # low-rank factor: (..., N) for rank 1, or (..., r, N); $A = \mathrm{diag}(\Lambda) - \sum_i P_i P_i^*$
     B:Tensor, # input vector, (..., N)
-    C:Tensor, # output vector, (..., N) (or C~ = C (I - dA^L) with `tilde=True`)
-    dt:Tensor|float, # step > 0, scalar or broadcastable to the batch dims
-    L:int, # kernel length
-    tilde:bool=False, # `C` is already C~ (S4's trained parameter): skips the dense power, O(N + L) memory
+    C:Tensor, # output vector, (..., N); or $\tilde C = C(I - \bar A^L)$ with `tilde=True`
+    dt:Tensor|float, # step $\Delta > 0$, scalar or broadcastable to the batch dims
+    L:int, # kernel length, at least 1
+    tilde:bool=False, # `C` is already $\tilde C$ (S4's trained parameter): skips the dense power, $O(N + L)$ memory
     chunk:int=4096, # frequencies per Cauchy block
-)->Tensor: # K_l = C dA^l dB for the bilinear discretization, complex, (..., L)
-    "S4's kernel of A = diag(Lambda) - P P^*: generating function at roots of unity, Woodbury, Cauchy kernel, inverse FFT."
+)->Tensor: # $K_l = C\bar A^l\bar B$ for the bilinear discretization, complex, (..., L)
+    "S4's kernel of $A = \\mathrm{diag}(\\Lambda) - PP^*$: generating function at roots of unity, Woodbury bordered at the nearest pole, Cauchy kernel, inverse FFT."
     N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
     P = check_last_dim(P, "P", N)
-    if P.ndim <= Lambda.ndim: P = P[..., None, :]  # (..., r, N)
+    P = P[..., None, :] if P.ndim <= Lambda.ndim else P  # (..., r, N)
     check_last_dim(B, "B", N); check_last_dim(C, "C", N)
-    if not isinstance(L, int) or L < 1: raise ValueError(f"L must be a positive integer, got {L!r}")
-    ctype = torch.complex128 if common_dtype(Lambda, P, B, C) in (torch.float64, torch.complex128) else torch.complex64
-    Lambda, P, B, C = (x.to(ctype) for x in (Lambda, P, B, C))
-    dt = _check_dt(dt, Lambda, Lambda.shape[:-1])[..., None]  # (..., 1)
+    L, chunk = check_size(L, "L"), check_size(chunk, "chunk")
+    out = float_dtype(Lambda, P, B, C)
+    ctype = torch.complex128 if real_dtype(out) == torch.float64 else torch.complex64  # half precision runs in complex64
+    dt = _check_dt(dt, Lambda, ())
+    batch = broadcast_batch(Lambda=Lambda.shape[:-1], P=P.shape[:-2], B=B.shape[:-1], C=C.shape[:-1], dt=dt.shape)
+    Lambda, B, C = (x.to(ctype).expand(*batch, N) for x in (Lambda, B, C))
+    P, dt = P.to(ctype).expand(*batch, *P.shape[-2:]), dt.to(real_dtype(ctype)).expand(batch)[..., None]  # (..., r, N), (..., 1)
     r = P.shape[-2]
-    if not tilde:  # C~ = C (I - dA^L) with the dense bilinear dA
-        dA = discretize(_dplr_dense(Lambda, P), B, dt[..., 0], "bilinear")[0]
-        C = C - (C[..., None, :] @ torch.linalg.matrix_power(dA, L))[..., 0, :]
-    omega = torch.exp(-2j * math.pi * torch.arange(L, device=Lambda.device, dtype=torch.float64) / L).to(ctype)  # (L,)
+    if not tilde:  # C~ = C (I - dA^L) with the dense bilinear dA, in double precision
+        c128 = lambda x: x.to(torch.complex128)
+        dA = discretize(_dplr_dense(c128(Lambda), c128(P)), c128(B), dt[..., 0].double(), "bilinear")[0]
+        C = (c128(C) - (c128(C)[..., None, :] @ _matrix_power(dA, L))[..., 0, :]).to(ctype)
+    theta = -2 * math.pi * torch.arange(L, device=Lambda.device, dtype=torch.float64) / L
+    omega = torch.polar(torch.ones_like(theta), theta).to(ctype)  # (L,) the roots of unity
     nyq = (1 + omega).abs() < 1e-6
     omega_safe = torch.where(nyq, torch.zeros_like(omega), omega)  # any point away from -1; replaced below
     g = 2 / dt * (1 - omega_safe) / (1 + omega_safe)  # (..., L) warped frequencies
+    m = _nearest_poles(Lambda.detach(), P.detach(), dt.detach(), L)  # (..., L) the pole left out at each frequency
     left = torch.cat([C[..., None, :], P.conj()], -2)  # (..., 1+r, N): rows C~, P_i^*
     right = torch.cat([B[..., None, :], P], -2)  # (..., 1+r, N): rows B, P_j
     v = (left[..., :, None, :] * right[..., None, :, :]).flatten(-3, -2)  # (..., (1+r)^2, N)
-    k = cauchy(v, g, Lambda, chunk).unflatten(-2, (1 + r, 1 + r))  # (..., 1+r, 1+r, L)
-    k = k.movedim(-1, -3)  # (..., L, 1+r, 1+r)
+    k = cauchy(v, g, Lambda, chunk, skip=m).unflatten(-2, (1 + r, 1 + r)).movedim(-1, -3)  # (..., L, 1+r, 1+r): the sums k'
     k_CB, k_CP, k_PB, k_PP = k[..., 0, 0], k[..., 0, 1:], k[..., 1:, 0], k[..., 1:, 1:]
-    eye = torch.eye(r, dtype=ctype, device=Lambda.device)
-    Khat = k_CB - (k_CP[..., None, :] @ torch.linalg.solve(eye + k_PP, k_PB[..., None]))[..., 0, 0]  # (..., L)
+    at = lambda x: x.gather(-1, m)  # (..., L): x[..., m_k]
+    p_m = torch.stack([at(P[..., i, :]) for i in range(r)], -1)  # (..., L, r)
+    M = torch.cat([torch.cat([torch.eye(r, dtype=ctype, device=Lambda.device) + k_PP, -p_m.conj()[..., :, None]], -1),
+                   torch.cat([p_m[..., None, :], (g - at(Lambda))[..., None, None]], -1)], -2)  # (..., L, r+1, r+1)
+    sol = torch.linalg.solve(M, torch.cat([k_PB, at(B)[..., None]], -1))  # (..., L, r+1): (y, x_m)
+    Khat = k_CB - (k_CP * sol[..., :r]).sum(-1) + at(C) * sol[..., r]
     Khat = torch.where(nyq, dt / 2 * (C * B).sum(-1, keepdim=True), 2 / (1 + omega_safe) * Khat)
-    return torch.fft.ifft(Khat, n=L)
+    return to_precision(torch.fft.ifft(Khat, n=L), out)
 
 # %% ../nbs/06_diagonal.ipynb #831dd9c8
-from .checks import resolve_backend
+from .checks import (check_tensor, check_last_dim, check_size, check_choice, broadcast_batch, float_dtype, compute_dtype,
+                               real_dtype, values_hidden, resolve_backend)
+from .discretize import phi1, _check_dt
 
 # %% ../nbs/06_diagonal.ipynb #fec5dab8
 def ssm_kernel_diag(
-    dA:Tensor, # discrete eigenvalues, (..., N), real or complex
-    dB:Tensor, # discrete input vector, (..., N)
+    dA:Tensor, # discrete eigenvalues $\bar\lambda_n$, (..., N), real or complex
+    dB:Tensor, # discrete input vector $\bar B$, (..., N)
     C:Tensor, # output vector, (..., N)
-    L:int, # kernel length
+    L:int, # kernel length, at least 1
     backend:str="auto", # "auto", "torch" or "triton"
-    block:int|None=None, # inner block size T (default: about sqrt(L))
-)->Tensor: # K_l = sum_n C_n dB_n dA_n^l, (..., L); complex if any input is complex
-    "The diagonal SSM kernel over exactly the states given, as a blocked product with float64 exponents: O(L + N sqrt(L)) memory."
+    block:int|None=None, # inner block size T (default: about $\sqrt L$)
+)->Tensor: # $K_l = \sum_n C_n\bar B_n\bar\lambda_n^l$, (..., L); complex if any input is complex
+    r"The diagonal SSM kernel over exactly the states given, blocked with float64 exponents: $O(L + N\sqrt L)$ memory."
     N = check_tensor(dA, "dA", min_ndim=1).shape[-1]
     check_last_dim(dB, "dB", N); check_last_dim(C, "C", N)
-    if not isinstance(L, int) or L < 1: raise ValueError(f"L must be a positive integer, got {L!r}")
-    dtype = common_dtype(dA, dB, C)
-    if resolve_backend(backend, dA, has_triton=backend == "triton" or dtype in (torch.float32, torch.complex64), name="ssm_kernel_diag") == "triton":
+    L = check_size(L, "L")
+    if block is not None: block = check_size(block, "block")
+    broadcast_batch(dA=dA.shape[:-1], dB=dB.shape[:-1], C=C.shape[:-1])
+    out, work = float_dtype(dA, dB, C), compute_dtype(dA, dB, C)  # integers give floats; half precision runs in float32
+    dA, dB, C = dA.to(work), dB.to(work), C.to(work)
+    if resolve_backend(backend, dA, has_triton=backend == "triton" or work in (torch.float32, torch.complex64), name="ssm_kernel_diag") == "triton":
         from ssm_course.triton_ssm import ssm_kernel_diag_triton  # notebook 11
-        return ssm_kernel_diag_triton(dA, dB, C, L)
-    ctype = torch.complex128 if dtype in (torch.float64, torch.complex128) else torch.complex64
+        return ssm_kernel_diag_triton(dA, dB, C, L).to(out)
+    ctype = torch.complex128 if real_dtype(work) == torch.float64 else torch.complex64
     T = block or max(1, min(L, 2 ** round(math.log2(math.sqrt(L)))))
-    nb = -(-L // T)
-    tiny = torch.finfo(torch.float64).tiny
-    logA = torch.log(dA.to(torch.complex128).where(dA != 0, torch.full_like(dA, tiny, dtype=torch.complex128)))  # (..., N)
+    W, zero = C * dB, dA == 0
+    logA = torch.log(torch.where(zero, torch.ones_like(dA), dA).to(torch.complex128))  # (..., N)
     j = torch.arange(T, device=dA.device, dtype=torch.float64)
-    l0 = T * torch.arange(nb, device=dA.device, dtype=torch.float64)
+    l0 = T * torch.arange(-(-L // T), device=dA.device, dtype=torch.float64)
     inner = torch.exp(logA[..., :, None] * j).to(ctype)  # (..., N, T): dA^j
-    outer = ((C * dB).to(ctype)[..., None, :] * torch.exp(logA[..., None, :] * l0[:, None]).to(ctype))  # (..., nb, N)
-    K = (outer @ inner).flatten(-2)[..., :L]  # (..., nb*T) -> (..., L)
-    return K if dtype.is_complex else K.real.to(dtype)
+    outer = torch.where(zero, 0, W).to(ctype)[..., None, :] * torch.exp(logA[..., None, :] * l0[:, None]).to(ctype)  # (..., L/T, N)
+    K = (outer @ inner).flatten(-2)[..., :L]  # (..., L)
+    if values_hidden(dA) or bool(zero.any()):  # states at dA = 0: C dB at l = 0, and C dB dA (zero, with its derivative) at l = 1
+        Wz = torch.where(zero, W, 0).to(ctype)
+        head = torch.stack([Wz.sum(-1), (Wz * dA.to(ctype)).sum(-1)], -1)[..., :L]
+        K = torch.cat([K[..., :head.shape[-1]] + head, K[..., head.shape[-1]:]], -1)
+    return (K if out.is_complex else K.real).to(out)
 
 # %% ../nbs/06_diagonal.ipynb #eb49aa5e
 def dss_kernel(
-    Lambda:Tensor, # eigenvalues, (..., N), complex
-    W:Tensor, # complex weights (C_n times B_n folded together), (..., N)
-    dt:Tensor|float, # step, scalar or (...)
-    L:int, # kernel length
+    Lambda:Tensor, # eigenvalues $\lambda_n$, (..., N), complex; nonzero for "softmax"
+    W:Tensor, # DSS's complex weights $W_n$, (..., N)
+    dt:Tensor|float, # step $\Delta > 0$, scalar or broadcastable to the batch dims
+    L:int, # kernel length, at least 1
     kind:str="exp", # "exp" or "softmax"
 )->Tensor: # real kernel, (..., L)
-    "DSS's kernels: Re sum_n W_n exp(Lambda_n l dt), optionally normalized per mode over the L steps (softmax)."
-    if kind not in ("exp", "softmax"): raise ValueError(f"kind must be 'exp' or 'softmax', got {kind!r}")
-    dt = torch.as_tensor(dt, dtype=Lambda.real.dtype, device=Lambda.device)[..., None]
+    r"DSS's kernels: $\mathrm{Re}\sum_n W_n \frac{e^{\lambda_n\Delta} - 1}{\lambda_n} e^{\lambda_n l\Delta}$ (exp), or $\mathrm{Re}\sum_n \frac{W_n}{\lambda_n}\,\mathrm{softmax}_l(\lambda_n l\Delta)$ (softmax)."
+    check_choice(kind, "kind", {"exp", "softmax"})
+    N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
+    check_last_dim(W, "W", N)
+    L = check_size(L, "L")
+    out = float_dtype(Lambda, W)
+    ctype = torch.complex128 if real_dtype(out) == torch.float64 else torch.complex64
+    dt = _check_dt(dt, Lambda, ())
+    broadcast_batch(Lambda=Lambda.shape[:-1], W=W.shape[:-1], dt=dt.shape)
+    Lambda, W, dt = Lambda.to(ctype), W.to(ctype), dt.to(real_dtype(ctype))[..., None]
     z = Lambda * dt  # (..., N)
-    if kind == "softmax": W = W * -torch.expm1(z) / -torch.expm1(z * L)  # W / sum_k exp(z k)
-    return ssm_kernel_diag(torch.exp(z), W, torch.ones_like(W), L).real
+    if kind == "exp":  # (e^z - 1)/Lambda = dt phi1(z), also at Lambda = 0
+        return ssm_kernel_diag(torch.exp(z), W * dt * phi1(z), torch.ones_like(W), L).real.to(real_dtype(out))
+    grow = z.real > 0
+    s = torch.where(grow, -z, z)  # Re s <= 0: a growing mode is run backwards in time
+    w = W / Lambda * phi1(s) / (L * phi1(s * L))  # 1 / sum_k e^{s k}
+    fwd = ssm_kernel_diag(torch.exp(s), torch.where(grow, 0, w), torch.ones_like(w), L)
+    bwd = ssm_kernel_diag(torch.exp(s), torch.where(grow, w, 0), torch.ones_like(w), L).flip(-1)
+    return (fwd + bwd).real.to(real_dtype(out))

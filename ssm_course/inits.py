@@ -1,4 +1,4 @@
-"""Drop S4's low-rank term and the kernel becomes a Vandermonde product in three lines. How to initialize the diagonal (S4D-LegS, -Inv, -Lin, -Real, DSS), why it works (the diagonal LegS kernel converges to S4's as N grows, weakly), and how to compute it in float32 for sequences of 65536 steps.
+"""Drop S4's low-rank term and the kernel becomes a Vandermonde product in three lines. How to initialize the diagonal (S4D-LegS, -Inv, -Lin, -Real, DSS), why it works (the diagonal LegS kernel converges to S4's as N grows, weakly, and the Woodbury identity says why), and how to compute it in float32 for sequences of 65536 steps.
 
 Docs: https://ssm-course.github.io/ssm_course/diagonal.html.md"""
 
@@ -11,7 +11,7 @@ __all__ = ['S4D_INITS', 's4d_init', 'dss_init', 'log_uniform_dt']
 import math
 import torch
 from torch import Tensor
-from .checks import check_choice
+from .checks import check_choice, check_size
 from .hippo import dplr
 
 # %% ../nbs/06_diagonal.ipynb #e74843eb
@@ -19,12 +19,13 @@ S4D_INITS = ("legs", "inv", "lin", "real")
 
 def s4d_init(
     kind:str, # "legs", "inv", "lin" or "real"
-    N:int, # state size: N//2 complex states (N real states for "real")
-    dtype=torch.complex64, # complex dtype (its real counterpart for "real")
+    N:int, # state size: N//2 complex states (N real states for "real"); even except for "real"
+    dtype:torch.dtype=torch.complex64, # complex dtype (its real counterpart for "real")
 )->tuple[Tensor, Tensor]: # (Lambda, B), each (N//2,) (or (N,) for "real")
-    "S4D's diagonal initializations: eigenvalues Lambda and input vector B."
+    "S4D's diagonal initializations: eigenvalues $\\Lambda$ and input vector $B$."
     check_choice(kind, "kind", set(S4D_INITS))
-    if not isinstance(N, int) or N < 2 or (kind != "real" and N % 2): raise ValueError(f"N must be an even integer >= 2 (any N >= 2 for 'real'), got {N!r}")
+    N = check_size(N, "N", min=2)
+    if kind != "real" and N % 2: raise ValueError(f"N must be an even integer >= 2 (any N >= 2 for 'real'), got {N!r}")
     n = torch.arange(N // 2, dtype=torch.float64)
     if kind == "real":
         real = torch.float32 if dtype == torch.complex64 else torch.float64
@@ -32,7 +33,7 @@ def s4d_init(
     if kind == "legs":
         Lambda, _, B, _ = dplr("legs", N)
         keep = Lambda.imag > 0  # one member of each conjugate pair (LegS has no real eigenvalue for even N)
-        Lambda, B = Lambda[keep], B[keep] / 2
+        Lambda, B = Lambda[keep], B[keep] / 2  # the 1/2: see "Why the diagonal works"
     else:
         imag = N / math.pi * (N / (2 * n + 1) - 1) if kind == "inv" else math.pi * n
         Lambda, B = torch.complex(torch.full_like(n, -0.5), imag), torch.ones(N // 2, dtype=torch.complex128)
@@ -40,19 +41,19 @@ def s4d_init(
 
 def dss_init(
     N:int, # state size: N//2 complex states
-    dtype=torch.complex64,
+    dtype:torch.dtype=torch.complex64, # complex dtype of the result
 )->Tensor: # Lambda, (N//2,)
-    "DSS's eigenvalues: those of HiPPO-LegS's skew-symmetric normal part, shifted to Re = -1/2 (the same as S4D-LegS)."
+    "DSS's eigenvalues: those of HiPPO-LegS's skew-symmetric normal part, shifted to $\\mathrm{Re} = -\\frac12$ (the same as S4D-LegS)."
     return s4d_init("legs", N, dtype)[0]
 
 def log_uniform_dt(
-    shape, # shape of the tensor of steps, e.g. (H,)
+    shape:tuple, # shape of the tensor of steps, e.g. (H,)
     dt_min:float=1e-3, # smallest step
     dt_max:float=1e-1, # largest step
-    generator:torch.Generator|None=None,
-    dtype=torch.float32,
-)->Tensor:
-    "Steps drawn log-uniformly from [dt_min, dt_max], one per channel, as in S4 and S4D."
+    generator:torch.Generator|None=None, # random generator; the global one if None
+    dtype:torch.dtype=torch.float32, # dtype of the result
+)->Tensor: # steps in [dt_min, dt_max], of shape `shape`
+    "Steps drawn log-uniformly from $[\\Delta_{\\min}, \\Delta_{\\max}]$, one per channel, as in S4 and S4D."
     if not 0 < dt_min <= dt_max: raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
     u = torch.rand(shape, generator=generator, dtype=torch.float64)
     return torch.exp(math.log(dt_min) + u * (math.log(dt_max) - math.log(dt_min))).to(dtype)

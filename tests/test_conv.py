@@ -1,8 +1,9 @@
-"""ssm_course.conv and .inits: cross-checks against float64 loops (hypothesis), scipy, and bad input."""
+"""ssm_course.conv and .inits: cross-checks against float64 loops (hypothesis), scipy, dense kernels, and bad input."""
 import math, numpy as np, pytest, torch
 from hypothesis import given, settings, strategies as st
 from scipy.signal import lfilter
-from ssm_course.conv import causal_conv, ssm_kernel, ssm_kernel_diag, ssm_kernel_dplr, ssm_recurrence, dss_kernel, next_fast_len
+from ssm_course import conv
+from ssm_course.conv import causal_conv, ssm_kernel, krylov, ssm_kernel_diag, ssm_kernel_dplr, ssm_recurrence, dss_kernel, next_fast_len, cauchy
 from ssm_course.discretize import discretize, discretize_diag
 from ssm_course.hippo import dplr, hippo
 from ssm_course.inits import s4d_init, dss_init, log_uniform_dt
@@ -10,14 +11,22 @@ from ssm_course.ssm import random_ssm
 
 
 def kernel_loop(dA, dB, C, L):
-    "Float64 reference: the sum over states of C dB dA^l, one state and one lag at a time."
+    "Float64 reference: the sum over states of C dB dA^l, one state and one lag at a time (0^0 = 1)."
     out = []
     for l in range(L):
-        out.append(sum(complex(C[n]) * complex(dB[n]) * complex(dA[n]) ** l for n in range(len(dA))))
+        out.append(sum(complex(C[n]) * complex(dB[n]) * (complex(dA[n]) ** l if l else 1) for n in range(len(dA))))
     return np.array(out)
 
 
-@settings(max_examples=40, deadline=None)
+def direct_sum(u, K):
+    "y_t = sum_{s <= t} K_s u_{t-s}, term by term (the definition)."
+    L, K = u.shape[-1], K[..., :u.shape[-1]]
+    return torch.stack([sum(K[..., s] * u[..., t - s] for s in range(min(t + 1, K.shape[-1]))) for t in range(L)], -1)
+
+
+# ---------------------------------------------------------------- ssm_kernel_diag
+
+@settings(max_examples=25, deadline=None)
 @given(N=st.integers(1, 6), L=st.integers(1, 300), seed=st.integers(0, 10_000), radius=st.floats(0.0, 1.0), block=st.sampled_from([None, 1, 3, 16]))
 def test_kernel_diag_matches_loop(N, L, seed, radius, block):
     g = torch.Generator().manual_seed(seed)
@@ -50,6 +59,45 @@ def test_kernel_diag_real_inputs_stay_real():
     np.testing.assert_allclose(K.numpy(), kernel_loop(dA, dB, torch.ones(6), 40).real, rtol=1e-12)
 
 
+def test_kernel_diag_zero_eigenvalue_value_and_gradient():
+    "Issue 13 item 5: a state with dA = 0 gives C dB at l = 0 and d K_1 / d dA = C dB (the log trick gave 0)."
+    dB, C = torch.tensor([0.7, -1.3, 2.0], dtype=torch.float64), torch.tensor([1.5, 0.4, -0.2], dtype=torch.float64)
+    dA = torch.tensor([0.0, 0.0, 0.5], dtype=torch.float64, requires_grad=True)
+    K = ssm_kernel_diag(dA, dB, C, 5)
+    np.testing.assert_allclose(K.detach().numpy(), kernel_loop(dA.detach(), dB, C, 5).real, rtol=1e-14, atol=1e-15)
+    grad, = torch.autograd.grad(K[1], dA)
+    torch.testing.assert_close(grad, C * dB, rtol=1e-14, atol=0)
+    for L in (1, 2, 3):  # kernels shorter than the two special lags
+        np.testing.assert_allclose(ssm_kernel_diag(dA.detach(), dB, C, L).numpy(), kernel_loop(dA.detach(), dB, C, L).real, rtol=1e-14)
+
+
+@pytest.mark.parametrize("case", ["zero", "near_one", "real_signs", "mixed"])
+def test_kernel_diag_gradcheck(case):
+    "gradcheck in float64 at dA = 0 and |dA| near 1, complex and real."
+    g = torch.Generator().manual_seed(5)
+    if case == "zero": dA = torch.tensor([0.0, 0.3 + 0.4j, 0.0], dtype=torch.complex128)
+    elif case == "near_one": dA = (1 - 1e-7) * torch.exp(1j * torch.randn(3, generator=g, dtype=torch.float64))
+    elif case == "real_signs": dA = torch.tensor([0.0, -0.999999, 0.6], dtype=torch.float64)
+    else: dA = torch.tensor([0.0, 1 - 1e-6, -0.5j], dtype=torch.complex128)
+    ct = dA.dtype
+    dB, C = torch.randn(3, generator=g, dtype=ct), torch.randn(3, generator=g, dtype=ct)
+    args = [x.clone().requires_grad_() for x in (dA, dB, C)]
+    for block in (None, 4):
+        assert torch.autograd.gradcheck(lambda a, b, c: ssm_kernel_diag(a, b, c, 17, block=block), args)
+
+
+def test_kernel_diag_dtypes():
+    "Integers give floats; half precision is computed in float32 and cast back."
+    torch.testing.assert_close(ssm_kernel_diag(torch.tensor([1, 0]), torch.tensor([1, 2]), torch.tensor([1, 1]), 3), torch.tensor([3.0, 1.0, 1.0]))
+    dA = torch.tensor([0.9, -0.5, 0.25])
+    for half in (torch.float16, torch.bfloat16):
+        K = ssm_kernel_diag(dA.to(half), torch.ones(3, dtype=half), torch.ones(3, dtype=half), 20)
+        assert K.dtype == half
+        torch.testing.assert_close(K.float(), ssm_kernel_diag(dA.to(half).float(), torch.ones(3), torch.ones(3), 20), rtol=1e-2, atol=1e-2)
+
+
+# ---------------------------------------------------------------- causal_conv
+
 @settings(max_examples=25, deadline=None)
 @given(L=st.integers(1, 400), LK=st.integers(1, 500), seed=st.integers(0, 10_000))
 def test_causal_conv_matches_lfilter(L, LK, seed):
@@ -58,6 +106,107 @@ def test_causal_conv_matches_lfilter(L, LK, seed):
     u, K = rng.standard_normal((2, L)), rng.standard_normal(LK)
     y = causal_conv(torch.from_numpy(u), torch.from_numpy(K)).numpy()
     np.testing.assert_allclose(y, lfilter(K, [1.0], u, axis=-1), atol=1e-10 * (1 + np.abs(K).sum()))
+
+
+SHAPES = [((3, 5, 30), (5, 30)), ((30,), (4, 30)), ((2, 1, 30), (3, 20)), ((2, 3, 30), (2, 3, 30)), ((6, 30), (1, 30)), ((20, 33), (33,)), ((1,), (1,))]
+
+
+@pytest.mark.parametrize("ushape,kshape", SHAPES)
+def test_causal_conv_paths_and_grad(ushape, kshape):
+    "The CPU (ducc0) path and the torch path both equal the direct sum, broadcasting included; gradients by gradcheck."
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(ushape, generator=g, dtype=torch.float64)
+    K = torch.randn(kshape, generator=g, dtype=torch.float64)
+    ref = direct_sum(u, K)
+    torch.testing.assert_close(causal_conv(u, K), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(conv._causal_torch(u, K[..., :u.shape[-1]]), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(causal_conv(u.float(), K.float()), ref.float(), rtol=1e-5, atol=1e-5)
+    args = (u[..., :9].clone().requires_grad_(), K[..., :9].clone().requires_grad_())
+    assert torch.autograd.gradcheck(causal_conv, args)
+    assert torch.autograd.gradcheck(conv._causal_torch, args)
+
+
+def test_causal_conv_many_rows():
+    "More rows than one CPU block (8), a kernel shared by them: the blocked loop and its backward against the torch path."
+    g = torch.Generator().manual_seed(1)
+    u = torch.randn(3, 7, 100, generator=g, dtype=torch.float64, requires_grad=True)
+    K = torch.randn(7, 100, generator=g, dtype=torch.float64, requires_grad=True)
+    gy = torch.randn(3, 7, 100, generator=g, dtype=torch.float64)
+    y1 = causal_conv(u, K); g1 = torch.autograd.grad(y1, (u, K), gy)
+    y2 = conv._causal_torch(u, K); g2 = torch.autograd.grad(y2, (u, K), gy)
+    torch.testing.assert_close(y1, y2, rtol=1e-12, atol=1e-12)
+    for a, b in zip(g1, g2): torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("path", ["causal_conv", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_causal_conv_is_causal(path, dtype):
+    "Issue 13 item 7: a NaN, an inf or a huge value at t0 leaves y[:t0] as the prefix alone gives it; NaN from t0 on."
+    f = causal_conv if path == "causal_conv" else conv._causal_torch
+    g = torch.Generator().manual_seed(2)
+    u, K = torch.randn(2, 3, 300, generator=g, dtype=dtype), torch.randn(3, 300, generator=g, dtype=dtype) / 10
+    tol = 1e-5 if dtype in (torch.float32, torch.complex64) else 1e-12
+    for t0 in (1, 30, 299):
+        clean = conv.fft_conv(u[..., :t0], K[..., :t0])
+        for bad in (math.nan, math.inf, -math.inf, 1e6, 1e30):
+            ub = u.clone(); ub[..., t0] = bad
+            y = f(ub, K)
+            assert torch.isfinite(y[..., :t0]).all()
+            assert ((y[..., :t0] - clean).abs().max() / clean.abs().max()).item() < tol, (t0, bad)
+            if not math.isfinite(bad): assert torch.isnan(y[..., t0:]).all()
+            ub = u.clone(); ub[..., -1] = bad  # at the last step
+            y = f(ub, K)
+            ref = conv.fft_conv(u[..., :-1], K[..., :-1])
+            assert ((y[..., :-1] - ref).abs().max() / ref.abs().max()).item() < tol
+
+
+def test_causal_conv_huge_value_leak_is_gone():
+    "The repro: a 1e6 input at the last step moved earlier float32 outputs by ~1e-2 relative through FFT round-off."
+    g = torch.Generator().manual_seed(3)
+    u, K = torch.randn(4, 8, 4096, generator=g), torch.randn(8, 4096, generator=g) / 64
+    ub = u.clone(); ub[..., -1] = 1e6
+    ref = conv.fft_conv(u[..., :-1], K[..., :-1])
+    leak = ((conv.fft_conv(ub, K)[..., :-1] - ref).abs().max() / ref.abs().max()).item()
+    fixed = ((causal_conv(ub, K)[..., :-1] - ref).abs().max() / ref.abs().max()).item()
+    assert leak > 1e-4 and fixed < 1e-6
+
+
+def test_causal_conv_growing_input_recursion():
+    "A ramp and an exponentially growing input: several nested recomputations, still the direct sum."
+    L = 200
+    t = torch.arange(L, dtype=torch.float64)
+    K = torch.randn(L, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    for u in (t, torch.exp(t / 10), torch.cat([torch.zeros(50, dtype=torch.float64), torch.ones(150, dtype=torch.float64)])):
+        ref = direct_sum(u, K)
+        for f in (causal_conv, conv._causal_torch):
+            torch.testing.assert_close(f(u, K), ref, rtol=1e-10, atol=1e-10 * ref.abs().max().item())
+        y = causal_conv(u.float(), K.float())  # float32: each output within float32 rounding of its own inputs' size
+        scale = torch.stack([(K[:s + 1].abs() * u[:s + 1].flip(0).abs()).sum() for s in range(L)])
+        err = (y.double() - ref).abs()
+        assert (err[scale == 0] == 0).all() and (err[scale > 0] / scale[scale > 0]).max() < 1e-5  # an output with no input is exactly 0
+
+
+def test_causal_conv_nonfinite_kernel():
+    u = torch.randn(2, 3, 60, dtype=torch.float64)
+    K = torch.randn(3, 60, dtype=torch.float64); K[1, 20] = math.inf
+    for f in (causal_conv, conv._causal_torch):
+        y = f(u, K)
+        assert torch.isnan(y[:, 1, 20:]).all() and torch.isfinite(y[:, 1, :20]).all() and torch.isfinite(y[:, [0, 2]]).all()
+        torch.testing.assert_close(y[:, 1, :20], direct_sum(u[:, 1, :20], K[1, :20]))
+
+
+def test_causal_conv_dtypes_and_empty():
+    torch.testing.assert_close(causal_conv(torch.arange(5), torch.tensor([1, 1])), torch.tensor([0.0, 1.0, 3.0, 5.0, 7.0]))
+    for half in (torch.float16, torch.bfloat16):
+        u, K = torch.randn(2, 40).to(half), torch.randn(40).to(half)
+        y = causal_conv(u, K)
+        assert y.dtype == half
+        torch.testing.assert_close(y.float(), direct_sum(u.double(), K.double()).float(), rtol=2e-2, atol=2e-2)
+    u = torch.zeros(0, 5, 40, requires_grad=True)
+    y = causal_conv(u, torch.randn(5, 40))
+    assert y.shape == (0, 5, 40)
+    y.sum().backward()
+    assert u.grad.shape == u.shape
 
 
 def test_recurrence_matches_lfilter():
@@ -72,16 +221,100 @@ def test_dense_kernel_matches_recurrence_impulse():
     dA, dB = discretize(A, B, 0.2)
     impulse = torch.zeros(64, dtype=torch.float64); impulse[0] = 1
     np.testing.assert_allclose(ssm_kernel(dA, dB, C, 64).numpy(), ssm_recurrence(dA, dB, C, impulse).numpy(), rtol=1e-12, atol=1e-14)
+    half = ssm_kernel(dA.half(), dB.half(), C.half(), 16)
+    assert half.dtype == torch.float16
+    assert ssm_recurrence(dA.half(), dB.half(), C.half(), impulse[:16].half()).dtype == torch.float16
 
 
-@pytest.mark.parametrize("measure", ["legs", "legt"])
-def test_dplr_kernel_matches_dense(measure):
-    A, B = hippo(measure, 12)
-    Lam, P, Bt, V = dplr(measure, 12)
-    C = torch.randn(12, dtype=torch.float64)
-    K = ssm_kernel_dplr(Lam, P, Bt, C.to(torch.complex128) @ V, 0.03, 129)
-    ref = ssm_kernel(*discretize(A, B, 0.03, "bilinear"), C, 129)
-    assert (K - ref).abs().max() < 1e-8 * ref.abs().max()
+# ---------------------------------------------------------------- ssm_kernel_dplr
+
+@pytest.mark.parametrize("measure", ["legs", "legt", "lagt", "fout"])
+@pytest.mark.parametrize("N", [1, 2, 15, 16])
+def test_dplr_kernel_matches_dense(measure, N):
+    "Issue 13 item 2: every measure, odd N (a pole at g(omega_0) = 0) included, against the dense bilinear kernel."
+    A, B = hippo(measure, N)
+    Lam, P, Bt, V = dplr(measure, N)
+    C = torch.randn(N, dtype=torch.float64, generator=torch.Generator().manual_seed(N))
+    for L, dt in [(129, 0.03), (1000, 0.01), (2, 0.1)]:
+        ref = ssm_kernel(*discretize(A, B, dt, "bilinear"), C, L)
+        K = ssm_kernel_dplr(Lam, P, Bt, C.to(torch.complex128) @ V, dt, L)
+        assert (K - ref).abs().max() < 1e-11 * ref.abs().max(), (L, dt)
+        K32 = ssm_kernel_dplr(*(x.to(torch.complex64) for x in (Lam, P, Bt, C.to(torch.complex128) @ V)), dt, L)
+        assert K32.dtype == torch.complex64 and (K32 - ref).abs().max() < 5e-5 * ref.abs().max(), (L, dt)
+
+
+def test_dplr_kernel_tilde_and_chunks():
+    Lam, P, Bt, V = dplr("fout", 15)
+    A, B = hippo("fout", 15)
+    C = torch.randn(15, dtype=torch.float64)
+    dA, dB = discretize(A, B, 0.05, "bilinear")
+    ref = ssm_kernel(dA, dB, C, 300)
+    Ct = C.to(torch.complex128) @ V
+    Ct_tilde = Ct - Ct @ torch.linalg.matrix_power(V.mH @ dA.to(torch.complex128) @ V, 300)
+    for chunk in (1, 7, 4096):
+        K = ssm_kernel_dplr(Lam, P, Bt, Ct_tilde, 0.05, 300, tilde=True, chunk=chunk)
+        assert (K - ref).abs().max() < 1e-11 * ref.abs().max()
+
+
+def test_dplr_kernel_batching():
+    "Issue 13: batched Lambda/P with unbatched B/C, and a batched dt alone, give the channels one at a time."
+    Lam, P, Bt, _ = dplr("legs", 8)
+    A = torch.diag(Lam) - P[:, None] * P.conj()[None]
+    dts = torch.tensor([0.01, 0.05, 0.1], dtype=torch.float64)
+    C = torch.randn(8, dtype=torch.complex128)
+    refs = torch.stack([ssm_kernel(*discretize(A, Bt, d.item(), "bilinear"), C, 50) for d in dts])
+    for K in (ssm_kernel_dplr(Lam.expand(3, 8), P.expand(3, 8), Bt, C, dts, 50), ssm_kernel_dplr(Lam, P, Bt, C, dts, 50),
+              ssm_kernel_dplr(Lam, P[None].expand(3, 1, 8), Bt, C.expand(3, 8), dts, 50)):
+        assert K.shape == (3, 50) and (K - refs).abs().max() < 1e-12 * refs.abs().max()
+
+
+@pytest.mark.parametrize("measure,N", [("legs", 3), ("fout", 3), ("legt", 3), ("lagt", 1)])
+def test_dplr_kernel_gradcheck(measure, N):
+    Lam, P, Bt, _ = dplr(measure, N)
+    C = torch.randn(N, dtype=torch.complex128, generator=torch.Generator().manual_seed(0))
+    args = [x.clone().requires_grad_() for x in (Lam, P, Bt, C)] + [torch.tensor(0.1, dtype=torch.float64, requires_grad=True)]
+    assert torch.autograd.gradcheck(lambda a, b, c, d, e: ssm_kernel_dplr(a, b, c, d, e, 12), args)
+
+
+def test_dplr_half_and_ints():
+    Lam, P, Bt, V = dplr("legs", 4)
+    K = ssm_kernel_dplr(Lam, P, Bt, torch.ones(4, dtype=torch.complex128), 0.1, 20)
+    Kh = ssm_kernel_dplr(Lam.to(torch.complex64), P.to(torch.complex64), Bt.to(torch.complex64), torch.ones(4, dtype=torch.float16), 0.1, 20)
+    assert Kh.dtype == torch.complex64 and (Kh - K).abs().max() < 1e-5 * K.abs().max()
+    Ki = ssm_kernel_dplr(torch.tensor([-1, -2]), torch.tensor([0, 0]), torch.tensor([1, 1]), torch.tensor([1, 1]), 0.5, 6)  # integers
+    ref = ssm_kernel(*discretize(torch.diag(torch.tensor([-1.0, -2.0], dtype=torch.float64)), torch.ones(2, dtype=torch.float64), 0.5, "bilinear"), torch.ones(2, dtype=torch.float64), 6)
+    assert (Ki.real.double() - ref).abs().max() < 1e-5
+
+
+def test_cauchy_skip():
+    g = torch.Generator().manual_seed(1)
+    v, z, lam = (torch.randn(s, generator=g, dtype=torch.complex128) for s in ((3, 5), (7,), (5,)))
+    skip = torch.tensor([0, 4, 2, 2, 1, 3, 0])
+    ref = torch.tensor([[sum(v[m, n] / (z[j] - lam[n]) for n in range(5) if n != skip[j]) for j in range(7)] for m in range(3)])
+    for chunk in (1, 3, 100):
+        torch.testing.assert_close(cauchy(v, z, lam, chunk=chunk, skip=skip), ref)
+
+
+# ---------------------------------------------------------------- dss_kernel, inits
+
+def test_dss_kernel_formulas_and_growing_modes():
+    "DSS's Proposition 1 term by term; Issue 18 item 7: Re lambda > 0 stays finite (the naive softmax is NaN)."
+    g = torch.Generator().manual_seed(6)
+    lam = torch.complex(torch.rand(6, generator=g, dtype=torch.float64) - 0.5, 3 * torch.randn(6, generator=g, dtype=torch.float64))  # both signs
+    W = torch.randn(6, generator=g, dtype=torch.complex128)
+    for dt, L in [(0.05, 300), (1.0, 3000)]:
+        P = lam[:, None] * dt * torch.arange(L, dtype=torch.float64)
+        Pm = P - P.real.amax(-1, keepdim=True)  # DSS's max subtraction, per mode
+        soft = (W[:, None] / lam[:, None] * torch.exp(Pm) / torch.exp(Pm).sum(-1, keepdim=True)).sum(0).real
+        K = dss_kernel(lam, W, dt, L, "softmax")
+        assert torch.isfinite(K).all() and (K - soft).abs().max() < 1e-11 * soft.abs().max()
+    P = lam[:, None] * 0.05 * torch.arange(100, dtype=torch.float64)
+    ref = (W[:, None] * (torch.exp(lam * 0.05) - 1)[:, None] / lam[:, None] * torch.exp(P)).sum(0).real
+    torch.testing.assert_close(dss_kernel(lam, W, 0.05, 100), ref, rtol=1e-11, atol=1e-12)
+    zero = dss_kernel(torch.zeros(1, dtype=torch.complex128), torch.ones(1, dtype=torch.complex128), 0.1, 4)  # (e^z - 1)/lambda -> dt
+    torch.testing.assert_close(zero, torch.full((4,), 0.1, dtype=torch.float64))
+    lam_up = torch.tensor([0.5 + 1j], dtype=torch.complex128)
+    assert torch.isfinite(dss_kernel(lam_up, torch.ones(1, dtype=torch.complex128), 1.0, 3000, "softmax")).all()
 
 
 def test_next_fast_len():
@@ -93,6 +326,7 @@ def test_next_fast_len():
             while k % p == 0: k //= p
         assert k == 1
         assert not any(_smooth(c) for c in range(n, m))
+    assert next_fast_len(np.int64(7)) == 8
 
 
 def _smooth(c):
@@ -109,6 +343,22 @@ def test_inits():
     torch.testing.assert_close(lam, s4d_init("legs", 16, torch.complex128)[0])
     dt = log_uniform_dt((1000,), 1e-3, 1e-1, generator=torch.Generator().manual_seed(0))
     assert dt.min() >= 1e-3 and dt.max() <= 1e-1
+    assert s4d_init("lin", np.int64(8))[0].shape == (4,)
+
+
+def test_s4d_legs_half_from_woodbury():
+    "Issue 18 item 6: with P = B/sqrt(2), S4-LegS's resolvent is the diagonal one divided by 1 + s/2, and s -> 2 frequency by frequency."
+    Lam, P, B, _ = dplr("legs", 256)
+    assert (P - B / math.sqrt(2)).abs().max() < 1e-12
+    g = 3j
+    A = torch.diag(Lam) - P[:, None] * P.conj()[None]
+    full = torch.linalg.solve(g * torch.eye(256, dtype=torch.complex128) - A, B)
+    R = 1 / (g - Lam)
+    s = (B.abs() ** 2 * R).sum()
+    torch.testing.assert_close(full, R * B / (1 + s / 2))
+    assert abs(s - 2) < 0.05
+    lam_d, B_d = s4d_init("legs", 256, torch.complex128)
+    torch.testing.assert_close(B_d, B[Lam.imag > 0] / 2)
 
 
 Ld, Bd1, Cd1 = torch.ones(4, dtype=torch.complex64) * 0.5, torch.ones(4, dtype=torch.complex64), torch.ones(4, dtype=torch.complex64)
@@ -116,25 +366,46 @@ BAD = [
     (lambda: ssm_kernel_diag(Ld, Bd1[:3], Cd1, 8), ValueError, "dB"),
     (lambda: ssm_kernel_diag(Ld, Bd1, Cd1[:2], 8), ValueError, "C"),
     (lambda: ssm_kernel_diag(Ld, Bd1, Cd1, 0), ValueError, "L"),
-    (lambda: ssm_kernel_diag(Ld, Bd1, Cd1, 3.5), ValueError, "L"),
+    (lambda: ssm_kernel_diag(Ld, Bd1, Cd1, 3.5), TypeError, "L"),
+    (lambda: ssm_kernel_diag(Ld, Bd1, Cd1, True), TypeError, "L"),
+    (lambda: ssm_kernel_diag(Ld, Bd1, Cd1, 8, block=-1), ValueError, "block"),
+    (lambda: ssm_kernel_diag(Ld, Bd1, Cd1, 8, block=0), ValueError, "block"),
     (lambda: ssm_kernel_diag(Ld[0], Bd1, Cd1, 8), ValueError, "dA"),
     (lambda: ssm_kernel_diag(Ld.numpy(), Bd1, Cd1, 8), TypeError, "dA"),
     (lambda: ssm_kernel_diag(Ld, Bd1, Cd1, 8, backend="jax"), ValueError, "backend"),
+    (lambda: ssm_kernel_diag(Ld.expand(3, 4), Bd1.expand(2, 4), Cd1, 8), ValueError, "dB"),
     (lambda: ssm_kernel(torch.eye(3), torch.ones(4), torch.ones(3), 5), ValueError, "Bd"),
     (lambda: ssm_kernel(torch.ones(3), torch.ones(3), torch.ones(3), 5), ValueError, "Ad"),
     (lambda: ssm_kernel(torch.eye(3), torch.ones(3), torch.ones(3), 0), ValueError, "L"),
+    (lambda: ssm_kernel(torch.eye(3), torch.ones(3), torch.ones(3), True), TypeError, "L"),
+    (lambda: krylov(torch.eye(3), torch.ones(3), -2), ValueError, "L"),
+    (lambda: krylov(torch.eye(3), torch.ones(2), 4), ValueError, "v"),
+    (lambda: next_fast_len(0), ValueError, "n"),
     (lambda: causal_conv(torch.ones(0), torch.ones(3)), ValueError, "u"),
     (lambda: causal_conv(torch.ones(5), torch.ones(0)), ValueError, "K"),
     (lambda: causal_conv(torch.ones(()), torch.ones(3)), ValueError, "u"),
     (lambda: causal_conv(torch.ones(2, 5), torch.ones(3, 5)), ValueError, "u"),
+    (lambda: causal_conv([1.0, 2.0], torch.ones(3)), TypeError, "u"),
     (lambda: ssm_recurrence(torch.eye(3), torch.ones(3), torch.ones(3), torch.ones(0)), ValueError, "u"),
     (lambda: ssm_recurrence(torch.eye(3), torch.ones(3), torch.ones(2), torch.ones(4)), ValueError, "C"),
+    (lambda: ssm_recurrence(torch.eye(3).expand(2, 3, 3), torch.ones(3), torch.ones(3), torch.ones(3, 4)), ValueError, "Ad"),
     (lambda: ssm_kernel_dplr(Ld, Bd1[:2], Bd1, Cd1, 0.1, 8), ValueError, "P"),
     (lambda: ssm_kernel_dplr(Ld, Bd1, Bd1, Cd1, -0.1, 8), ValueError, "dt"),
+    (lambda: ssm_kernel_dplr(Ld, Bd1, Bd1, Cd1, 0.0, 8), ValueError, "dt"),
     (lambda: ssm_kernel_dplr(Ld, Bd1, Bd1, Cd1, 0.1, 0), ValueError, "L"),
+    (lambda: ssm_kernel_dplr(Ld, Bd1, Bd1, Cd1, 0.1, 8, chunk=0), ValueError, "chunk"),
+    (lambda: ssm_kernel_dplr(Ld.expand(3, 4), Bd1, Bd1, Cd1.expand(2, 4), 0.1, 8), ValueError, "Lambda"),
+    (lambda: ssm_kernel_dplr(Ld, Bd1, Bd1, Cd1, torch.full((3,), 0.1), 8, tilde=True).sum() + ssm_kernel_dplr(Ld.expand(2, 4), Bd1, Bd1, Cd1, torch.full((3,), 0.1), 8), ValueError, "dt"),
+    (lambda: cauchy(torch.ones(2, 4), torch.ones(3), torch.ones(4), chunk=0), ValueError, "chunk"),
+    (lambda: cauchy(torch.ones(4), torch.ones(3), torch.ones(4)), ValueError, "v"),
     (lambda: dss_kernel(Ld, Bd1, 0.1, 8, kind="relu"), ValueError, "kind"),
+    (lambda: dss_kernel(Ld, Bd1, 0.0, 8, kind="softmax"), ValueError, "dt"),
+    (lambda: dss_kernel(Ld, Bd1, -1.0, 8), ValueError, "dt"),
+    (lambda: dss_kernel(Ld, Bd1[:2], 0.1, 8), ValueError, "W"),
     (lambda: s4d_init("legs", 7), ValueError, "N"),
+    (lambda: s4d_init("legs", 8.0), TypeError, "N"),
     (lambda: s4d_init("fourier", 8), ValueError, "kind"),
+    (lambda: log_uniform_dt((3,), 0.1, 0.01), ValueError, "dt_min"),
 ]
 
 
@@ -142,16 +413,3 @@ BAD = [
 def test_bad_input(call, exc, name):
     with pytest.raises(exc, match=rf"\b{name}\b"):
         call()
-
-
-@pytest.mark.parametrize("ushape,kshape", [((3, 5, 50), (5, 50)), ((50,), (4, 50)), ((2, 1, 50), (3, 30)), ((2, 3, 50), (2, 3, 50)), ((6, 50), (1, 50))])
-def test_causal_conv_sliced_path_and_grad(ushape, kshape):
-    "Processing in slices of the last batch dim (small `chunk`) changes nothing, gradients included."
-    u = torch.randn(ushape, dtype=torch.float64, requires_grad=True)
-    K = torch.randn(kshape, dtype=torch.float64, requires_grad=True)
-    y_whole, y_sliced = causal_conv(u, K, chunk=10**9), causal_conv(u, K, chunk=1)
-    torch.testing.assert_close(y_sliced, y_whole)
-    Kf = torch.nn.functional.pad(K, (0, 50 - K.shape[-1])).detach().numpy()
-    ub, Kb = np.broadcast_arrays(u.detach().numpy(), Kf)
-    np.testing.assert_allclose(y_whole.detach().numpy(), np.stack([lfilter(k, [1.0], x) for x, k in zip(ub.reshape(-1, 50), Kb.reshape(-1, 50))]).reshape(y_whole.shape), atol=1e-10)
-    assert torch.autograd.gradcheck(lambda a, b: causal_conv(a, b, chunk=1), (u[..., :12].detach().requires_grad_(), K[..., :12].detach().requires_grad_()))
