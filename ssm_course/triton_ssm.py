@@ -313,7 +313,7 @@ def _sel_fwd(u, delta, A, B, C, D, z, bias, x0, softplus, chunk):
         u, delta, bias if bias is not None else u, A, B, C, D if D is not None else u, z if z is not None else u,
         x0 if x0 is not None else u, y, xs, last, d, L, N, L, CH, 1, nch, lays[0][1], *lays[0][2], lays[1][1], *lays[1][2],
         HAS_X0=x0 is not None, HAS_BIAS=bias is not None, SOFTPLUS=softplus, HAS_D=D is not None, HAS_Z=z is not None,
-        B_FIXED=lays[0][0], C_FIXED=lays[1][0], OUTPUT=True, BLOCK_D=BD, BLOCK_T=BT, BLOCK_N=max(2, triton.next_power_of_2(N)), num_warps=nw, num_stages=3)
+        B_FIXED=lays[0][0], C_FIXED=lays[1][0], OUTPUT=True, BLOCK_D=BD, BLOCK_T=BT, BLOCK_N=max(2, triton.next_power_of_2(N)), num_warps=nw, num_stages=3, maxnreg=128)
     return y, last, xs, CH
 
 def _sel_block_states(u, delta, A, B, bias, xs, softplus, CH):
@@ -328,7 +328,7 @@ def _sel_block_states(u, delta, A, B, bias, xs, softplus, CH):
     _selective_fwd_kernel[(bsz * triton.cdiv(d, BD), nch)](
         u, delta, bias if bias is not None else u, A, B, B, u, u, xs, u, xb, u, d, L, N, CH, BT, nch, nblk, lay[1], *lay[2], lay[1], *lay[2],
         HAS_X0=True, HAS_BIAS=bias is not None, SOFTPLUS=softplus, HAS_D=False, HAS_Z=False, B_FIXED=lay[0], C_FIXED=lay[0], OUTPUT=False,
-        BLOCK_D=BD, BLOCK_T=BT, BLOCK_N=max(2, triton.next_power_of_2(N)), num_warps=nw, num_stages=3)
+        BLOCK_D=BD, BLOCK_T=BT, BLOCK_N=max(2, triton.next_power_of_2(N)), num_warps=nw, num_stages=3, maxnreg=128)
     return xb
 
 # %% ../nbs/11_triton_ssm.ipynb #k2cd0011
@@ -775,7 +775,7 @@ def perf_model()->list: # one dict per op and direction at the bench/gpu.py shap
 # %% ../nbs/11_triton_ssm.ipynb #k6cd0003
 _TY = {torch.float32: "*fp32", torch.float64: "*fp64", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 
-def _spec(fn, variant, args, constexprs, num_warps=4, num_stages=3, dot=False, vector_loads=False):
+def _spec(fn, variant, args, constexprs, num_warps=4, num_stages=3, dot=False, vector_loads=False, options=None):
     "A compile spec as Triton's launcher would specialise the call: pointers (given by dtype) 16-byte aligned, integers equal to 1 made constants, multiples of 16 marked divisible."
     sig, cx, aligned = {}, dict(constexprs), []
     for name in fn.arg_names:
@@ -787,7 +787,7 @@ def _spec(fn, variant, args, constexprs, num_warps=4, num_stages=3, dot=False, v
             sig[name] = "i32" if abs(v) < 2 ** 31 else "i64"
             if v % 16 == 0: aligned.append(name)
     return dict(kernel=fn.__name__, variant=variant, fn=fn, signature=sig, constexprs=cx, aligned=aligned,
-                num_warps=num_warps, num_stages=num_stages, dot=dot, vector_loads=vector_loads)
+                num_warps=num_warps, num_stages=num_stages, dot=dot, vector_loads=vector_loads, options=options or {})
 
 def _specs_kdiag():
     H, N, L = KDIAG_SHAPE
@@ -809,9 +809,9 @@ def _specs_selective():
         lay = dict(dpg_B=d, sB_b=s_b, sB_g=0, sB_n=s_n, sB_l=s_l, dpg_C=d, sC_b=s_b, sC_g=0, sC_n=s_n, sC_l=s_l)
         cx = dict(SOFTPLUS=True, B_FIXED=False, C_FIXED=False, BLOCK_T=BT, BLOCK_N=n, **flags)
         io = dict(**ptrs, x0_ptr=f, y_ptr=f, xs_ptr=f, last_ptr=f, Dm=d, L=L, N=n, **lay)
-        out.append(_spec(_selective_fwd_kernel, f"forward, {name}", dict(io, SPAN=L, SAVE=CH, NX=1, NS=L // CH), dict(cx, HAS_X0=False, OUTPUT=True, BLOCK_D=BD), nw, vector_loads=True))
+        out.append(_spec(_selective_fwd_kernel, f"forward, {name}", dict(io, SPAN=L, SAVE=CH, NX=1, NS=L // CH), dict(cx, HAS_X0=False, OUTPUT=True, BLOCK_D=BD), nw, vector_loads=True, options={"maxnreg": 128}))
         out.append(_spec(_selective_fwd_kernel, f"block states, {name}", dict(io, SPAN=CH, SAVE=BT, NX=L // CH, NS=L // BT),
-                         dict(cx, HAS_X0=True, OUTPUT=False, HAS_D=False, HAS_Z=False, BLOCK_D=BD), nw, vector_loads=True))
+                         dict(cx, HAS_X0=True, OUTPUT=False, HAS_D=False, HAS_Z=False, BLOCK_D=BD), nw, vector_loads=True, options={"maxnreg": 128}))
         grads = {p: f for p in ("xs_ptr", "gy_ptr", "glast_ptr", "du_ptr", "ddelta_ptr", "dz_ptr", "dA_ptr", "dB_ptr", "dC_ptr", "dD_ptr", "dbias_ptr", "dx0_ptr")}
         # at 8 warps a (BLOCK_D, BLOCK_T) tile has one element per thread: coalesced 4-byte loads, none 128-bit
         out.append(_spec(_selective_bwd_kernel, f"backward, {name}", dict(**ptrs, **grads, Dm=d, L=L, N=n, NBLK=L // BT, **lay),
