@@ -329,7 +329,7 @@ def _matrix_power(A, L):
 
 def ssm_kernel_dplr(
     Lambda:Tensor, # diagonal part $\Lambda$, (..., N), complex
-    P:Tensor, # low-rank factor: (..., N) for rank 1, or (..., r, N); $A = \mathrm{diag}(\Lambda) - \sum_i P_i P_i^*$
+    P:Tensor, # low-rank factor: (..., N) for rank 1, or (..., r, N); $A = \mathrm{diag}(\Lambda) - \sum_i P_i P_i^\ast$
     B:Tensor, # input vector, (..., N)
     C:Tensor, # output vector, (..., N); or $\tilde C = C(I - \bar A^L)$ with `tilde=True`
     dt:Tensor|float, # step $\Delta > 0$, scalar or broadcastable to the batch dims
@@ -337,7 +337,7 @@ def ssm_kernel_dplr(
     tilde:bool=False, # `C` is already $\tilde C$ (S4's trained parameter): skips the dense power, $O(N + L)$ memory
     chunk:int=4096, # frequencies per Cauchy block
 )->Tensor: # $K_l = C\bar A^l\bar B$ for the bilinear discretization, complex, (..., L)
-    "S4's kernel of $A = \\mathrm{diag}(\\Lambda) - PP^*$: generating function at roots of unity, Woodbury bordered at the nearest pole, Cauchy kernel, inverse FFT."
+    "S4's kernel of $A = \\mathrm{diag}(\\Lambda) - PP^\\ast$: generating function at roots of unity, Woodbury bordered at the nearest pole, Cauchy kernel, inverse FFT."
     N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
     P = check_last_dim(P, "P", N)
     P = P[..., None, :] if P.ndim <= Lambda.ndim else P  # (..., r, N)
