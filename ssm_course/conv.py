@@ -54,11 +54,12 @@ def krylov(
     check_last_dim(v, "v", N)
     L = check_size(L, "L")
     batch = broadcast_batch(Ad=Ad.shape[:-2], v=v.shape[:-1])
-    V, P = v.expand(*batch, N)[..., None], Ad  # (..., N, m): columns Ad^l v for l < m; P = Ad^m
+    out, work = float_dtype(Ad, v), compute_dtype(Ad, v)  # integers give floats; half precision runs in float32
+    V, P = v.to(work).expand(*batch, N)[..., None], Ad.to(work)  # (..., N, m): columns Ad^l v for l < m; P = Ad^m
     while V.shape[-1] < L:
         V = torch.cat([V, P @ V], -1)  # (..., N, 2m)
         P = P @ P
-    return V[..., :L]
+    return V[..., :L].to(out)
 
 def ssm_kernel(
     Ad:Tensor, # discrete state matrix $\bar A$, (..., N, N)
