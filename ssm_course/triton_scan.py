@@ -278,7 +278,7 @@ def compile_specs()->list: # one dict per kernel variant (see notebook 10b)
     B, D, L = BENCH_SHAPE
     m = lambda shape, dtype: torch.empty(shape, dtype=dtype, device="meta")
     cases = [(dt, (B, D, L), (B, D, L), False, str(dt).removeprefix("torch.")) for dt in (torch.float32, torch.float16, torch.bfloat16, torch.complex64)]
-    cases += [(dt, (B, D, L), (B, D, L), True, str(dt).removeprefix("torch.") + ", h0") for dt in (torch.float32, torch.complex64)]
+    cases += [(dt, (B, D, L), (B, D, L), True, str(dt).removeprefix("torch.") + ", h0") for dt in (torch.float32, torch.float16, torch.bfloat16, torch.complex64)]
     cases += [(dt, (D, 1), (B, D, L), False, str(dt).removeprefix("torch.") + ", time-invariant a") for dt in (torch.float32, torch.complex64)]
     cases += [(torch.float32, (2, 32, 1, 1, 64), (2, 32, 64, 128, 64), True, "float32, a shared by 8192 rows, L = 64 (SSD state passing)")]
     out = []
