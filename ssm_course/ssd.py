@@ -12,17 +12,22 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from .checks import check_tensor, resolve_backend
+from .checks import check_tensor, check_size, check_positive, float_dtype, resolve_backend, values_hidden
 from .scan import scan
 
 # %% ../nbs/09_ssd.ipynb #369eeaed
-def _check_ssd(x, dt, A, B, C, D, initial_states):
-    "Validate Mamba-2 layouts; return (b, l, h, p, g, n)."
+def _check_ssd(x, dt, A, B, C, D, initial_states, log_decay=None):
+    "Validate Mamba-2 layouts; return (b, l, h, p, g, n, compute dtype)."
     x = check_tensor(x, "x", ndim=4)
     b, l, h, p = x.shape
     if l == 0: raise ValueError(f"x is an empty sequence: shape {tuple(x.shape)}")
-    if tuple(check_tensor(dt, "dt", ndim=3).shape) != (b, l, h): raise ValueError(f"dt must have shape (b, l, h) = {(b, l, h)}, got {tuple(dt.shape)}")
-    if tuple(check_tensor(A, "A", ndim=1).shape) != (h,): raise ValueError(f"A must have shape (h,) = ({h},), got {tuple(A.shape)}")
+    if log_decay is None:
+        if dt is None or A is None: raise ValueError("dt and A are needed unless log_decay gives the per-step log decay")
+    elif A is not None: raise ValueError("give either A (the decay is exp(dt A)) or log_decay, not both")
+    if dt is not None and tuple(check_tensor(dt, "dt", ndim=3).shape) != (b, l, h): raise ValueError(f"dt must have shape (b, l, h) = {(b, l, h)}, got {tuple(dt.shape)}")
+    if A is not None and tuple(check_tensor(A, "A", ndim=1).shape) != (h,): raise ValueError(f"A must have shape (h,) = ({h},), got {tuple(A.shape)}")
+    if log_decay is not None and tuple(check_tensor(log_decay, "log_decay", ndim=3).shape) != (b, l, h):
+        raise ValueError(f"log_decay must have shape (b, l, h) = {(b, l, h)}, got {tuple(log_decay.shape)}")
     check_tensor(B, "B", ndim=4); check_tensor(C, "C", ndim=4)
     if B.shape[:2] != (b, l) or B.shape[2] == 0 or h % B.shape[2]: raise ValueError(f"B must have shape (b, l, g, n) with b={b}, l={l} and g dividing h={h}, got {tuple(B.shape)}")
     if C.shape != B.shape: raise ValueError(f"C must have the shape of B {tuple(B.shape)}, got {tuple(C.shape)}")
@@ -30,43 +35,61 @@ def _check_ssd(x, dt, A, B, C, D, initial_states):
     if D is not None and tuple(check_tensor(D, "D").shape) != (h,): raise ValueError(f"D must have shape (h,) = ({h},), got {tuple(D.shape)}")
     if initial_states is not None and tuple(check_tensor(initial_states, "initial_states").shape) != (b, h, p, n):
         raise ValueError(f"initial_states must have shape (b, h, p, n) = {(b, h, p, n)}, got {tuple(initial_states.shape)}")
-    return b, l, h, p, g, n
+    given = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "initial_states": initial_states, "log_decay": log_decay}
+    for name, t in given.items():
+        if t is not None and (t.is_complex() or t.dtype == torch.bool): raise TypeError(f"{name} must be a real tensor (ssd computes in real arithmetic), got dtype {t.dtype}")
+    if dt is not None: check_positive(dt, "dt")
+    if log_decay is not None and not values_hidden(log_decay) and not bool((log_decay <= 0).all()):
+        raise ValueError(f"log_decay must be <= 0 (a decay of at most 1 per step), got max {log_decay.max().item()}")
+    dtype = float_dtype(*[t for t in given.values() if t is not None])
+    return b, l, h, p, g, n, dtype
 
+def _inputs(x, dt, A, log_decay, dtype):
+    "The discretized input dt x and the log decays dt A (b, l, h) (or the given log_decay), in the compute dtype."
+    w = torch.promote_types(dtype, torch.float32)  # half precision: computed in float32
+    xdt = x.to(w) if dt is None else x.to(w) * dt.to(w)[..., None]
+    dA = log_decay.to(w) if log_decay is not None else dt.to(w) * A.to(w)
+    return xdt, dA, w
+
+# %% ../nbs/09_ssd.ipynb #0b1c2d3e
 def _heads(X, h):
     "(b, l, g, n) -> (b, l, h, n): each group's B or C shared by its h/g heads (a view)."
     b, l, g, n = X.shape
     return X[:, :, :, None].expand(b, l, g, h // g, n).reshape(b, l, h, n)
 
 def ssd_ref(
-    x:Tensor, # (b, l, h, p)
-    dt:Tensor, # (b, l, h), positive
-    A:Tensor, # (h,)
+    x:Tensor, # input, (b, l, h, p)
+    dt:Tensor|None, # step $\Delta$, (b, l, h), positive; None: the input is used as given ($\Delta = 1$)
+    A:Tensor|None, # one decay rate per head, (h,); None when `log_decay` is given
     B:Tensor, # (b, l, g, n)
     C:Tensor, # (b, l, g, n)
     chunk_size:int=64, # unused: the reference is sequential (kept for a common signature)
-    D:Tensor|None=None, # (h,)
-    initial_states:Tensor|None=None, # (b, h, p, n)
-    return_final_states:bool=False,
+    D:Tensor|None=None, # feedthrough, (h,)
+    initial_states:Tensor|None=None, # $H_{-1}$, (b, h, p, n)
+    return_final_states:bool=False, # also return $H_{l-1}$, (b, h, p, n)
     backend:str="auto", # the reference always runs in PyTorch
+    log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$ (an already discretized decay)
 ): # y (b, l, h, p), or (y, final states (b, h, p, n))
-    "Mamba-2's SSM as a loop over time: H_t = exp(dt_t A) H_{t-1} + dt_t x_t B_t^T, y_t = H_t C_t + D x_t."
-    b, l, h, p, g, n = _check_ssd(x, dt, A, B, C, D, initial_states)
+    "Mamba-2's SSM as a loop over time: $H_t = a_t H_{t-1} + \\Delta_t x_t B_t^\\top$ with $a_t = e^{\\Delta_t A}$, $y_t = H_t C_t + D x_t$."
+    b, l, h, p, g, n, dtype = _check_ssd(x, dt, A, B, C, D, initial_states, log_decay)
+    check_size(chunk_size, "chunk_size")
     resolve_backend(backend, x, has_triton=False, name="ssd_ref")
-    Bh, Ch = _heads(B, h), _heads(C, h)
-    H = x.new_zeros(b, h, p, n) if initial_states is None else initial_states.to(x.dtype)
+    xdt, dA, w = _inputs(x, dt, A, log_decay, dtype)
+    Bh, Ch = _heads(B.to(w), h), _heads(C.to(w), h)
+    H = torch.zeros(b, h, p, n, dtype=w, device=x.device) if initial_states is None else initial_states.to(w)
     ys = []
     for t in range(l):
-        H = torch.exp(dt[:, t] * A)[..., None, None] * H + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :]
+        H = torch.exp(dA[:, t])[..., None, None] * H + xdt[:, t, :, :, None] * Bh[:, t, :, None, :]
         ys.append(H @ Ch[:, t, :, :, None])
     y = torch.cat(ys, -1).permute(0, 3, 1, 2)  # (b, h, p, l) -> (b, l, h, p)
-    if D is not None: y = y + D[:, None] * x
-    return (y, H) if return_final_states else y
+    if D is not None: y = y + D.to(w)[:, None] * x.to(w)
+    return (y.to(dtype), H.to(dtype)) if return_final_states else y.to(dtype)
 
 # %% ../nbs/09_ssd.ipynb #1bf9daca
 def segsum(
-    a:Tensor, # (..., T)
-)->Tensor: # (..., T, T): sum_{s<r<=t} a_r below the diagonal, 0 on it, -inf above
-    "Segment sums without differences of cumulative sums: exp(segsum) is the decay mask of SSD."
+    a:Tensor, # values $a_r$ along the last axis, (..., T)
+)->Tensor: # (..., T, T): $\sum_{s<r\le t} a_r$ for $s \le t$ (0 on the diagonal), $-\infty$ above it
+    "Segment sums without differences of cumulative sums: $\\exp(\\mathrm{segsum}(\\Delta A))$ is the decay mask of SSD."
     T = a.shape[-1]
     below = torch.ones(T, T, dtype=torch.bool, device=a.device).tril(-1)
     x = a[..., :, None].expand(*a.shape, T).masked_fill(~below, 0)  # x[t, s] = a_t for t > s
@@ -75,76 +98,82 @@ def segsum(
 
 # %% ../nbs/09_ssd.ipynb #4a9dc4b0
 def ssd_quadratic(
-    x:Tensor, # (b, l, h, p)
-    dt:Tensor, # (b, l, h)
-    A:Tensor, # (h,)
+    x:Tensor, # input, (b, l, h, p)
+    dt:Tensor|None, # step $\Delta$, (b, l, h), positive; None: $\Delta = 1$
+    A:Tensor|None, # (h,); None when `log_decay` is given
     B:Tensor, # (b, l, g, n)
     C:Tensor, # (b, l, g, n)
     chunk_size:int=64, # unused: one block of length l
-    D:Tensor|None=None,
-    initial_states:Tensor|None=None, # (b, h, p, n)
-    return_final_states:bool=False,
-    backend:str="auto",
+    D:Tensor|None=None, # feedthrough, (h,)
+    initial_states:Tensor|None=None, # $H_{-1}$, (b, h, p, n)
+    return_final_states:bool=False, # also return $H_{l-1}$
+    backend:str="auto", # the quadratic form always runs in PyTorch
+    log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$
 ): # y (b, l, h, p), or (y, final states)
-    "The dual 'attention' form: y = (L * C B^T) (dt x) with the decay mask L = exp(segsum(dt A)); O(l^2)."
-    b, l, h, p, g, n = _check_ssd(x, dt, A, B, C, D, initial_states)
+    "The dual attention form $y = (L \\circ C B^\\top)(\\Delta x)$ with the decay mask $L = \\exp(\\mathrm{segsum}(\\Delta A))$: $O(l^2)$."
+    b, l, h, p, g, n, dtype = _check_ssd(x, dt, A, B, C, D, initial_states, log_decay)
+    check_size(chunk_size, "chunk_size")
     resolve_backend(backend, x, has_triton=False, name="ssd_quadratic")
-    Bh, Ch = _heads(B, h), _heads(C, h)
-    dA = (dt * A).transpose(1, 2)  # (b, h, l)
+    xdt, dA, w = _inputs(x, dt, A, log_decay, dtype)
+    Bh, Ch = _heads(B.to(w), h), _heads(C.to(w), h)
+    dA = dA.transpose(1, 2)  # (b, h, l)
     Lmask = torch.exp(segsum(dA))  # (b, h, l, l)
-    scores = torch.einsum("bthn,bshn->bhts", Ch, Bh) * Lmask  # M = C B^T masked
-    y = torch.einsum("bhts,bshp->bthp", scores, dt[..., None] * x)
+    if not values_hidden(dA) and bool(torch.isinf(Lmask).any()):
+        raise ValueError("the decay mask exp(segsum(dt A)) overflows: a growing state (dt A > 0) over this many steps; use ssd or ssd_ref")
+    scores = torch.einsum("bthn,bshn->bhts", Ch, Bh) * Lmask  # M = L o (C B^T)
+    y = torch.einsum("bhts,bshp->bthp", scores, xdt)
     cum = torch.cumsum(dA, -1)  # decay from the start: prod_{r<=t} a_r = exp(cum_t)
     if initial_states is not None:
-        y = y + torch.einsum("bthn,bhpn,bht->bthp", Ch, initial_states.to(x.dtype), torch.exp(cum))
-    if D is not None: y = y + D[:, None] * x
-    if not return_final_states: return y
-    to_end = torch.exp(segsum(dA)[..., -1, :])  # (b, h, l): prod_{s<r<=l-1} a_r
-    final = torch.einsum("bsh,bhs,bshp,bshn->bhpn", dt, to_end, x, Bh)
-    if initial_states is not None: final = final + torch.exp(cum[..., -1])[..., None, None] * initial_states.to(x.dtype)
-    return y, final
+        y = y + torch.einsum("bthn,bhpn,bht->bthp", Ch, initial_states.to(w), torch.exp(cum))
+    if D is not None: y = y + D.to(w)[:, None] * x.to(w)
+    if not return_final_states: return y.to(dtype)
+    to_end = Lmask[..., -1, :]  # (b, h, l): prod_{s<r<=l-1} a_r
+    final = torch.einsum("bhs,bshp,bshn->bhpn", to_end, xdt, Bh)
+    if initial_states is not None: final = final + torch.exp(cum[..., -1])[..., None, None] * initial_states.to(w)
+    return y.to(dtype), final.to(dtype)
 
 # %% ../nbs/09_ssd.ipynb #32f6b41b
 def ssd(
-    x:Tensor, # (b, l, h, p)
-    dt:Tensor, # (b, l, h), positive
-    A:Tensor, # (h,)
+    x:Tensor, # input, (b, l, h, p)
+    dt:Tensor|None, # step $\Delta$, (b, l, h), positive; None: the input is used as given ($\Delta = 1$)
+    A:Tensor|None, # one decay rate per head, (h,); None when `log_decay` is given
     B:Tensor, # (b, l, g, n)
     C:Tensor, # (b, l, g, n)
-    chunk_size:int=64, # Q: steps per chunk
-    D:Tensor|None=None, # (h,)
-    initial_states:Tensor|None=None, # (b, h, p, n)
-    return_final_states:bool=False,
+    chunk_size:int=64, # $Q$: steps per chunk
+    D:Tensor|None=None, # feedthrough, (h,)
+    initial_states:Tensor|None=None, # $H_{-1}$, (b, h, p, n)
+    return_final_states:bool=False, # also return $H_{l-1}$, (b, h, p, n)
     backend:str="auto", # "auto", "torch" or "triton"
+    log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$: an already discretized decay (e.g. a gate)
 ): # y (b, l, h, p), or (y, final states (b, h, p, n))
-    "Mamba-2's chunked SSD: quadratic within chunks, a scan of states across them; any length."
-    b, l, h, p, g, n = _check_ssd(x, dt, A, B, C, D, initial_states)
-    if not isinstance(chunk_size, int) or chunk_size < 1: raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    if resolve_backend(backend, x, has_triton=backend == "triton" or x.dtype == torch.float32, name="ssd") == "triton":
+    "Mamba-2's chunked SSD: the quadratic form within chunks of $Q$ steps, a scan of states across them; any length."
+    b, l, h, p, g, n, dtype = _check_ssd(x, dt, A, B, C, D, initial_states, log_decay)
+    Q = check_size(chunk_size, "chunk_size")
+    kernel_ok = log_decay is None and dt is not None and x.dtype == torch.float32
+    if resolve_backend(backend, x, has_triton=kernel_ok or (backend == "triton" and log_decay is None and dt is not None), name="ssd") == "triton":
         from ssm_course.triton_ssm import ssd_triton  # notebook 11
         y, final = ssd_triton(x, dt, A, B, C, chunk_size, initial_states)
         if D is not None: y = y + D[:, None] * x
         return (y, final) if return_final_states else y
-    Q = chunk_size
+    xdt, dA, w = _inputs(x, dt, A, log_decay, dtype)
     pad = -l % Q
-    xs, dts, Bs, Cs = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, dt, _heads(B, h), _heads(C, h)))
+    padt = lambda t: F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))  # pad the time axis (1) with zeros: decay 1, no input
     nc = (l + pad) // Q
-    xs, Bs, Cs = (t.unflatten(1, (nc, Q)) for t in (xs, Bs, Cs))  # (b, c, q, h, .)
-    dA = (dts * A).unflatten(1, (nc, Q)).permute(0, 3, 1, 2)  # (b, h, c, q)
-    xdt = xs * dts.unflatten(1, (nc, Q))[..., None]  # (b, c, q, h, p): the discretized input
-    cum = torch.cumsum(dA, -1)  # within-chunk cumulative decay exponents
-    # 1. diagonal blocks: quadratic form inside each chunk
-    y = torch.einsum("bcthn,bcshn,bhcts,bcshp->bcthp", Cs, Bs, torch.exp(segsum(dA)), xdt)
-    # 2. each chunk's contribution to the state at its end
-    to_end = torch.exp(cum[..., -1:] - cum)  # (b, h, c, q): prod_{s<r<=end} a_r (short chunk: no precision issue)
-    contrib = torch.einsum("bcshn,bhcs,bcshp->bchpn", Bs, to_end, xdt)  # (b, c, h, p, n)
-    # 3. state passing: H_c = decay_c H_{c-1} + contrib_c, a scan over chunks
+    xs, Bs, Cs = (padt(t).unflatten(1, (nc, Q)) for t in (xdt, _heads(B.to(w), h), _heads(C.to(w), h)))  # (b, c, q, h, .)
+    dA = padt(dA).unflatten(1, (nc, Q)).permute(0, 3, 1, 2)  # (b, h, c, q)
+    Ls = segsum(dA)  # (b, h, c, q, q)
+    cum = torch.cumsum(dA, -1)  # within-chunk cumulative log decays
+    # 1. diagonal blocks: the quadratic form inside each chunk
+    y = torch.einsum("bcthn,bcshn,bhcts,bcshp->bcthp", Cs, Bs, torch.exp(Ls), xs)
+    # 2. each chunk's contribution to the state at its end: decays from s to the chunk's end (the last row of the mask)
+    contrib = torch.einsum("bcshn,bhcs,bcshp->bchpn", Bs, torch.exp(Ls[..., -1, :]), xs)  # (b, c, h, p, n)
+    # 3. state passing: H_c = (decay over chunk c) H_{c-1} + contrib_c, a scan over chunks
     decay = torch.exp(cum[..., -1]).permute(0, 2, 1)[..., None, None]  # (b, c, h, 1, 1)
-    H0 = None if initial_states is None else initial_states.to(x.dtype)
+    H0 = None if initial_states is None else initial_states.to(w)
     ends = scan(decay.expand_as(contrib).movedim(1, -1), contrib.movedim(1, -1), H0)  # (b, h, p, n, c)
     entering = torch.cat([(torch.zeros_like(ends[..., :1]) if H0 is None else H0[..., None]), ends[..., :-1]], -1)  # state entering chunk c
     # 4. off-diagonal blocks: the entering state, decayed to each step, read out by C
     y = y + torch.einsum("bcthn,bhpnc,bhct->bcthp", Cs, entering, torch.exp(cum))
     y = y.flatten(1, 2)[:, :l]
-    if D is not None: y = y + D[:, None] * x
-    return (y, ends[..., -1]) if return_final_states else y
+    if D is not None: y = y + D.to(w)[:, None] * x.to(w)
+    return (y.to(dtype), ends[..., -1].to(dtype)) if return_final_states else y.to(dtype)

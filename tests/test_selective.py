@@ -143,3 +143,90 @@ def test_mamba_backward_repro():
     m = Mamba(3, 3, expand=1)
     m(torch.randn(1, 12, 3)).sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+# ---- ssd: issue 13 items 6 and 12, the unclear errors, issue 19's log_decay ----------------------------------
+def _ssd_inputs(seed=0, b=2, l=37, h=4, p=3, g=2, n=5, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)
+    return dict(x=r(b, l, h, p), dt=torch.nn.functional.softplus(r(b, l, h) - 1), A=-torch.exp(r(h)), B=r(b, l, g, n), C=r(b, l, g, n),
+                D=r(h), initial_states=r(b, h, p, n))
+
+
+@pytest.mark.parametrize("f", [ssd, ssd_ref, ssd_quadratic])
+def test_ssd_rejects_nonpositive_dt_and_complex(f):
+    kw = _ssd_inputs()
+    for bad in (-kw["dt"], torch.zeros_like(kw["dt"]), kw["dt"].masked_fill(torch.rand(kw["dt"].shape) < 0.1, float("nan"))):
+        with pytest.raises(ValueError, match=r"\bdt\b"): f(**{**kw, "dt": bad})
+    with pytest.raises(TypeError, match=r"\bx\b"): f(**{**kw, "x": kw["x"].to(torch.complex128)})
+    with pytest.raises(TypeError, match=r"\bB\b"): f(**{**kw, "B": kw["B"].to(torch.complex128)})
+    with pytest.raises(ValueError, match=r"\blog_decay\b"): f(**{**kw, "A": None}, log_decay=kw["dt"])  # a positive log decay
+    with pytest.raises(ValueError, match=r"\bchunk_size\b"): f(**kw, chunk_size=0)
+
+
+@pytest.mark.parametrize("f", [ssd, ssd_ref, ssd_quadratic])
+def test_ssd_mixed_and_half_precision(f):
+    kw = _ssd_inputs()
+    mixed = {**kw, "x": kw["x"].float(), "B": kw["B"].float()}
+    y = f(**mixed)
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, f(**{k: v.double() for k, v in mixed.items()}))
+    yh = f(**{k: v.half() for k, v in kw.items()})
+    assert yh.dtype == torch.float16
+    ref = ssd_ref(**{k: v.half().double() for k, v in kw.items()})
+    assert ((yh.double() - ref).abs() <= 2e-3 * ref.abs().max()).all()
+
+
+def test_ssd_log_decay_equals_dt_A_and_survives_saturated_gates():
+    "log_decay = dt A with dt = None gives the same outputs as feeding dt x, dt A; gates that saturate to 1.0 in float32 stay finite."
+    kw = _ssd_inputs()
+    gated = {**kw, "x": kw["x"] * kw["dt"][..., None], "dt": None, "A": None}
+    ld = kw["dt"] * kw["A"]
+    for f in (ssd, ssd_ref, ssd_quadratic):
+        torch.testing.assert_close(f(**gated, log_decay=ld) - kw["D"][:, None] * gated["x"], f(**kw) - kw["D"][:, None] * kw["x"])
+    gen = torch.Generator().manual_seed(1)
+    logit = 10 + 30 * torch.rand(2, 37, 4, generator=gen)
+    assert (torch.sigmoid(logit) == 1).any()
+    args = {k: v.float() for k, v in gated.items() if v is not None}
+    y = ssd(**args, dt=None, A=None, log_decay=-torch.nn.functional.softplus(-logit), chunk_size=8)
+    ref = ssd_ref(**{k: v.double() for k, v in args.items()}, dt=None, A=None, log_decay=torch.log(torch.sigmoid(logit.double())))
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y.double(), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+def test_ssd_growing_state():
+    "Issue 13 item 6: A = +0.5 at l = 300: the chunked ssd gives the loop's answer; the quadratic form raises clearly instead of NaN."
+    gen = torch.Generator().manual_seed(2)
+    x = torch.zeros(1, 300, 2, 3); x[:, -5:] = torch.randn(1, 5, 2, 3, generator=gen)
+    kw = dict(x=x, dt=torch.ones(1, 300, 2), A=torch.tensor([0.5, 0.5]), B=torch.randn(1, 300, 1, 4, generator=gen), C=torch.randn(1, 300, 1, 4, generator=gen))
+    torch.testing.assert_close(ssd(**kw), ssd_ref(**{k: v.double() for k, v in kw.items()}).float(), rtol=1e-4, atol=1e-3)
+    with pytest.raises(ValueError, match="overflows"): ssd_quadratic(**kw)
+
+
+def test_ssd_meta():
+    kw = {k: v.float().to("meta") for k, v in _ssd_inputs().items()}
+    for f in (ssd, ssd_ref, ssd_quadratic):
+        y, s = f(**kw, return_final_states=True)
+        assert y.shape == kw["x"].shape and s.shape == kw["initial_states"].shape and y.device.type == "meta"
+
+
+# ---- selective_scan: issue 19 item 11, the unclear errors ------------------------------------------------------
+@pytest.mark.parametrize("f", [selective_scan, selective_scan_ref])
+def test_real_A_with_complex_B_or_C_is_one_clear_error(f):
+    kw = inputs(0, 2, 4, 3, 7, 3, False)
+    for name in ("B", "C", "initial_state"):
+        bad = kw.get(name, torch.randn(2, 4, 3, dtype=torch.float64)).to(torch.complex128)
+        with pytest.raises(ValueError, match=rf"{name} is complex but A is real"): f(**{**kw, name: bad})
+
+
+@pytest.mark.parametrize("chunk,exc", [(0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError)])
+def test_selective_chunk_checked(chunk, exc):
+    with pytest.raises(exc, match=r"\bchunk\b"): selective_scan(**inputs(0, 2, 4, 3, 7, 3, False), chunk=chunk)
+
+
+def test_selective_half_and_meta():
+    kw = {k: v.float() for k, v in inputs(1, 2, 4, 3, 10, 4, False, groups=2).items()}
+    yh = selective_scan(**{**kw, "u": kw["u"].bfloat16()})
+    assert yh.dtype == torch.bfloat16 and torch.equal(yh, selective_scan(**{**kw, "u": kw["u"].bfloat16().float()}).bfloat16())
+    ym = selective_scan(**{k: v.to("meta") for k, v in kw.items()})
+    assert ym.shape == kw["u"].shape and ym.device.type == "meta"
