@@ -192,10 +192,9 @@ def test_continuous_ops_leave_inputs_alone(N, measure, L, method, layout, seed):
     Lam = make((N,), g, torch.complex128, layout, fill=lambda s, g: torch.complex(-torch.rand(s, generator=g, dtype=torch.float64) - 0.1, torch.randn(s, generator=g, dtype=torch.float64)))
     check_call(lambda Lam, B: discretize_diag(Lam, B, 0.1, method)[0], [Lam, B.to(torch.complex128)], f"discretize_diag({method})")
     check_call(lambda Lam, W: dss_kernel(Lam, W, 0.1, L), [Lam, Lam.conj()], "dss_kernel")
-    if measure == "legs":  # DPLR with Re(Lambda) = -1/2: no pole on the unit circle's image
-        Lam, P, Bd, _ = dplr(measure, N)
-        C = make((N,), g, torch.complex128)
-        check_call(lambda *a: ssm_kernel_dplr(*a, 0.1, L), [Lam, P, Bd, C], "ssm_kernel_dplr")
+    Lam, P, Bd, _ = dplr(measure, N)  # every measure: LegT/LagT at odd N and FouT put an eigenvalue on a pole of the Cauchy kernel
+    C = make((N,), g, torch.complex128)
+    check_call(lambda *a: ssm_kernel_dplr(*a, 0.1, L), [Lam, P, Bd, C], "ssm_kernel_dplr")
 
 
 LAYER_CASES = [("S4D", dict(d_state=8)), ("S4D", dict(d_state=8, init="real")), ("S4", dict(d_state=8)), ("DSS", dict(d_state=8)),
