@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from .checks import check_tensor, resolve_backend
+from .checks import check_tensor, check_size, resolve_backend
 from .scan import scan
 
 # %% ../nbs/08_selective.ipynb #2062df00
@@ -39,32 +39,43 @@ def _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state):
         if not ok: raise ValueError(f"{name} must have shape (d, n)=({d}, {n}), (b, n, l)=({b}, {n}, {l}) or (b, g, n, l) with g dividing d={d}; got {tuple(X.shape)}")
     for X, name, shape in [(D, "D", (d,)), (delta_bias, "delta_bias", (d,)), (z, "z", (b, d, l)), (initial_state, "initial_state", (b, d, n))]:
         if X is not None and tuple(check_tensor(X, name).shape) != shape: raise ValueError(f"{name} must have shape {shape}, got {tuple(X.shape)}")
+    for X, name in [(u, "u"), (delta, "delta"), (D, "D"), (z, "z"), (delta_bias, "delta_bias")]:
+        if X is not None and (X.is_complex() or X.dtype == torch.bool): raise TypeError(f"{name} must be a real floating-point tensor, got dtype {X.dtype}")
+    if not A.is_complex():
+        for X, name in [(B, "B"), (C, "C"), (initial_state, "initial_state")]:
+            if X is not None and X.is_complex():
+                raise ValueError(f"{name} is complex but A is real: a complex {name} needs a complex A (the state is complex only when A is); got A {A.dtype}, {name} {X.dtype}")
     return b, d, l, n, B, C
 
+def _work_dtype(u):
+    "Mamba computes in float32 (float64 for float64 input: our extension)."
+    return torch.float64 if u.dtype == torch.float64 else torch.float32
+
+# %% ../nbs/08_selective.ipynb #c3d4e5f6
 def selective_scan_ref(
     u:Tensor, # input, (b, d, l)
-    delta:Tensor, # raw step, (b, d, l)
+    delta:Tensor, # raw step $\Delta$, (b, d, l)
     A:Tensor, # continuous diagonal state matrix, (d, n), real or complex
     B:Tensor, # (d, n), (b, n, l) or (b, g, n, l)
     C:Tensor, # (d, n), (b, n, l) or (b, g, n, l)
-    D:Tensor|None=None, # skip, (d,)
+    D:Tensor|None=None, # skip (feedthrough), (d,)
     z:Tensor|None=None, # gate, (b, d, l)
-    delta_bias:Tensor|None=None, # (d,)
+    delta_bias:Tensor|None=None, # added to delta, (d,)
     delta_softplus:bool=False, # apply softplus to delta + delta_bias
-    return_last_state:bool=False, # also return x_{l-1}, (b, d, n)
-    initial_state:Tensor|None=None, # x_{-1}, (b, d, n)
+    return_last_state:bool=False, # also return $x_{l-1}$, (b, d, n)
+    initial_state:Tensor|None=None, # $x_{-1}$, (b, d, n)
     backend:str="auto", # accepted for symmetry with `selective_scan`; the reference always runs in PyTorch
-): # y (b, d, l) in u's dtype, or (y, last_state)
+): # y (b, d, l) in u's dtype, or (y, last state)
     "Mamba's selective scan as a readable loop over time: the oracle for the fast path and the kernels."
     b, d, l, n, B, C = _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state)
     resolve_backend(backend, u, has_triton=False, name="selective_scan_ref")
-    dtype_in, work = u.dtype, (torch.float64 if u.dtype == torch.float64 else torch.float32)
+    dtype_in, work = u.dtype, _work_dtype(u)
     u, delta = u.to(work), delta.to(work)
     if delta_bias is not None: delta = delta + delta_bias.to(work)[:, None]
     if delta_softplus: delta = F.softplus(delta)
     cplx = A.is_complex()
     A = A.to(torch.complex128 if work == torch.float64 else torch.complex64) if cplx else A.to(work)
-    B, C = (X.to(A.dtype) if (cplx or X.is_complex()) else X.to(work) for X in (B, C))
+    B, C = B.to(A.dtype), C.to(A.dtype)
     def at(X, t):  # B or C for step t, broadcastable against the state (b, d, n)
         if X.dim() == 2: return X
         if X.dim() == 3: return X[:, None, :, t]
@@ -81,41 +92,78 @@ def selective_scan_ref(
     y = y.to(dtype_in)
     return (y, x) if return_last_state else y
 
-# %% ../nbs/08_selective.ipynb #6fe85b35
-def _chunk(u, delta, A, B, C, x0):
-    "One chunk of the selective scan: u, delta (b, d, T); B, C as given, sliced to T; x0 (b, d, n) or None. Returns (y, x_last)."
-    bsz, d, T = u.shape
-    a = torch.exp(delta[:, :, None, :] * A[:, :, None])  # (b, d, n, T)
-    du = (delta * u)[:, :, None, :]  # (b, d, 1, T)
-    if B.dim() == 2: bb = du * B[:, :, None]
-    elif B.dim() == 3: bb = du * B[:, None]
-    else: bb = (du.unflatten(1, (B.shape[1], -1)) * B[:, :, None]).flatten(1, 2)  # groups: (b, g, d/g, n, T)
-    x = scan(a, bb, x0)  # (b, d, n, T), with the reverse-scan backward of notebook 07
-    if C.dim() == 2: y = torch.einsum("bdnt,dn->bdt", x, C)
-    elif C.dim() == 3: y = torch.einsum("bdnt,bnt->bdt", x, C)
-    else: y = torch.einsum("bgknt,bgnt->bgkt", x.unflatten(1, (C.shape[1], -1)), C).flatten(1, 2)
-    return y, x[..., -1].clone()  # a copy: a view would keep the whole chunk of states alive
-
+# %% ../nbs/08_selective.ipynb #d4e5f6a7
 def _slice(X, s):
     "Time slice of a variable B/C (fixed ones are returned whole)."
     return X if X.dim() == 2 else X[..., s]
 
-def _forward_torch(u, delta, A, B, C, x0, T):
-    "The chunk loop without autograd: (y, last state, the states entering each chunk, T)."
-    l, xs, ys = u.shape[-1], [x0], []
-    with torch.no_grad():
-        for s in range(0, l, T):
-            y, x = _chunk(u[..., s:s + T], delta[..., s:s + T], A, _slice(B, slice(s, s + T)), _slice(C, slice(s, s + T)), xs[-1])
-            ys.append(y); xs.append(x)
-    return torch.cat(ys, -1), xs[-1], xs[:-1], T
+# %% ../nbs/08_selective.ipynb #6fe85b35
+class _ScanTM(torch.autograd.Function):
+    "$x_t = a_t x_{t-1} + b_t$ along dim 0 of time-major (T, ...) tensors: a loop of T vector steps, and the reverse loop as its backward."
+    @staticmethod
+    def forward(ctx, a, b, x0):
+        x = b.clone()
+        if x0 is not None: x[0].addcmul_(a[0], x0)
+        for t in range(1, x.shape[0]): x[t].addcmul_(a[t], x[t - 1])
+        ctx.save_for_backward(a, x0, x)
+        return x
 
+    @staticmethod
+    def backward(ctx, gx):  # notebook 07's gradient: total gradients g by the reverse scan, then da = g conj(x_{t-1}), db = g
+        a, x0, x = ctx.saved_tensors
+        g = gx.clone()
+        for t in range(g.shape[0] - 2, -1, -1): g[t].addcmul_(a[t + 1].conj(), g[t + 1])
+        prev = torch.cat([(torch.zeros_like(x[:1]) if x0 is None else x0[None]), x[:-1]])
+        return g * prev.conj(), g, (None if x0 is None else a[0].conj() * g[0])
+
+def _chunk_tm(u, delta, A, B, C, x0):
+    "`_chunk` computed time-major: decays and inputs as (T, b, d, n) tensors, so that every step of the scan is one contiguous vector."
+    dT = delta.permute(2, 0, 1)[..., None]  # (T, b, d, 1)
+    a = torch.exp(dT * A)  # (T, b, d, n)
+    du = dT * u.permute(2, 0, 1)[..., None]
+    if B.dim() == 2: bb = du * B
+    elif B.dim() == 3: bb = du * B.permute(2, 0, 1)[:, :, None, :]
+    else: bb = (du.unflatten(2, (B.shape[1], -1)) * B.permute(3, 0, 1, 2)[:, :, :, None, :]).flatten(2, 3)
+    x = _ScanTM.apply(a, bb, x0)  # (T, b, d, n)
+    if C.dim() == 2: y = torch.einsum("tbdn,dn->bdt", x, C)
+    elif C.dim() == 3: y = torch.einsum("tbdn,bnt->bdt", x, C)
+    else: y = torch.einsum("tbgkn,bgnt->bgkt", x.unflatten(2, (C.shape[1], -1)), C).flatten(1, 2)
+    return y, x[-1].clone()
+
+def _selective_forward(u, delta, A, B, C, x0, T):
+    "The forward without autograd: each chunk's decays and inputs computed straight into a reused time-major (T, b, d, n) workspace."
+    b, d, l = u.shape
+    n = A.shape[1]
+    T = min(T, l)
+    wa = torch.empty(T, b, d, n, dtype=A.dtype, device=u.device); wx = torch.empty_like(wa)
+    y = torch.empty(b, d, l, dtype=torch.promote_types(A.dtype, C.dtype), device=u.device)
+    x = torch.zeros(b, d, n, dtype=A.dtype, device=u.device) if x0 is None else x0
+    starts, du = [x0], delta * u
+    for s in range(0, l, T):
+        k = min(T, l - s)
+        Wa, Wx = wa[:k], wx[:k]
+        torch.mul(delta[..., s:s + k].permute(2, 0, 1)[..., None], A, out=Wa).exp_()  # a_t = exp(delta_t A), (k, b, d, n)
+        dut = du[..., s:s + k].permute(2, 0, 1)[..., None]  # (k, b, d, 1)
+        if B.dim() == 2: torch.mul(dut, B, out=Wx)  # b_t = delta_t u_t B_t
+        elif B.dim() == 3: torch.mul(dut, B[..., s:s + k].permute(2, 0, 1)[:, :, None, :], out=Wx)
+        else: torch.mul(dut.unflatten(2, (B.shape[1], -1)), B[..., s:s + k].permute(3, 0, 1, 2)[:, :, :, None, :], out=Wx.view(k, b, B.shape[1], -1, n))
+        Wx[0].addcmul_(Wa[0], x)  # the state entering the chunk
+        for t in range(1, k): Wx[t].addcmul_(Wa[t], Wx[t - 1])  # x_t = a_t x_{t-1} + b_t over all (b, d, n) at once
+        if C.dim() == 2: y[..., s:s + k] = torch.einsum("tbdn,dn->bdt", Wx, C)
+        elif C.dim() == 3: y[..., s:s + k] = torch.einsum("tbdn,bnt->bdt", Wx, C[..., s:s + k])
+        else: y[..., s:s + k] = torch.einsum("tbgkn,bgnt->bgkt", Wx.unflatten(2, (C.shape[1], -1)), C[..., s:s + k]).flatten(1, 2)
+        x = Wx[k - 1].clone()
+        if s + k < l: starts.append(x)
+    return y, x, starts, T
+
+# %% ../nbs/08_selective.ipynb #b8c9d0e1
 class _SelectiveScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u, delta, A, B, C, x0, T, use_triton):
         if use_triton:
             from ssm_course.triton_ssm import selective_forward_triton  # notebook 11: same outputs, computed by a kernel
             y, last, starts, T = selective_forward_triton(u, delta, A, B, C, x0, T)
-        else: y, last, starts, T = _forward_torch(u, delta, A, B, C, x0, T)
+        else: y, last, starts, T = _selective_forward(u, delta, A, B, C, x0, T)  # _forward_torch, time-major (folded cell above)
         ctx.T, ctx.has_x0 = T, x0 is not None
         ctx.save_for_backward(u, delta, A, B, C, *[x for x in starts if x is not None])  # boundary states only
         return y, last
@@ -129,10 +177,10 @@ class _SelectiveScan(torch.autograd.Function):
         g_state = glast
         for i, s in reversed(list(enumerate(range(0, l, T)))):
             sl = slice(s, s + T)
-            with torch.enable_grad():
+            with torch.enable_grad():  # recompute one chunk under autograd, from its stored entering state
                 ins = [t.detach().requires_grad_() for t in (u[..., sl], delta[..., sl], A, _slice(B, sl), _slice(C, sl))]
                 x0 = None if starts[i] is None else starts[i].detach().requires_grad_()
-                y, x = _chunk(*ins, x0)
+                y, x = _chunk_tm(*ins, x0)
                 outs, gouts = [y], [gy[..., sl]]
                 if g_state is not None: outs.append(x); gouts.append(g_state)
                 got = torch.autograd.grad(outs, ins + ([x0] if x0 is not None else []), gouts, allow_unused=True)
@@ -145,32 +193,33 @@ class _SelectiveScan(torch.autograd.Function):
 
 def selective_scan(
     u:Tensor, # input, (b, d, l)
-    delta:Tensor, # raw step, (b, d, l)
-    A:Tensor, # (d, n), real or complex
+    delta:Tensor, # raw step $\Delta$, (b, d, l)
+    A:Tensor, # continuous diagonal state matrix, (d, n), real or complex
     B:Tensor, # (d, n), (b, n, l) or (b, g, n, l)
     C:Tensor, # (d, n), (b, n, l) or (b, g, n, l)
-    D:Tensor|None=None, # skip, (d,)
+    D:Tensor|None=None, # skip (feedthrough), (d,)
     z:Tensor|None=None, # gate, (b, d, l)
-    delta_bias:Tensor|None=None, # (d,)
-    delta_softplus:bool=False,
-    return_last_state:bool=False, # also return x_{l-1}, (b, d, n)
-    initial_state:Tensor|None=None, # x_{-1}, (b, d, n)
+    delta_bias:Tensor|None=None, # added to delta, (d,)
+    delta_softplus:bool=False, # apply softplus to delta + delta_bias
+    return_last_state:bool=False, # also return $x_{l-1}$, (b, d, n)
+    initial_state:Tensor|None=None, # $x_{-1}$, (b, d, n)
     backend:str="auto", # "auto", "torch" or "triton"
-    chunk:int=128, # time steps per chunk (memory of the backward: one chunk)
-): # y (b, d, l) in u's dtype, or (y, last_state)
+    chunk:int=128, # time steps per chunk: the backward stores one state per chunk and recomputes one chunk at a time
+): # y (b, d, l) in u's dtype, or (y, last state)
     "Mamba's selective scan, chunked: chunk-boundary states stored, chunk internals recomputed in the backward."
     b, d, l, n, B, C = _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state)
-    dtype_in, work = u.dtype, (torch.float64 if u.dtype == torch.float64 else torch.float32)
-    kernel_ok = work == torch.float32 and not (A.is_complex() or B.is_complex() or C.is_complex())
+    chunk = check_size(chunk, "chunk")
+    dtype_in, work = u.dtype, _work_dtype(u)
+    cplx = A.is_complex()
+    kernel_ok = work == torch.float32 and not cplx
     use_triton = resolve_backend(backend, u, has_triton=backend == "triton" or kernel_ok, name="selective_scan") == "triton"
     ctype = torch.complex128 if work == torch.float64 else torch.complex64
     delta = delta.to(work)
     if delta_bias is not None: delta = delta + delta_bias.to(work)[:, None]
     if delta_softplus: delta = F.softplus(delta)
-    cplx = A.is_complex()
     A = A.to(ctype if cplx else work)
-    B, C = (X.to(ctype) if (cplx or X.is_complex()) else X.to(work) for X in (B, C))
-    x0 = None if initial_state is None else initial_state.to(A.dtype if cplx or B.is_complex() else work)
+    B, C = B.to(A.dtype), C.to(A.dtype)
+    x0 = None if initial_state is None else initial_state.to(A.dtype)
     y, last = _SelectiveScan.apply(u.to(work), delta, A, B, C, x0, chunk, use_triton)
     if y.is_complex(): y = 2 * y.real
     if D is not None: y = y + u.to(work) * D.to(work)[:, None]
