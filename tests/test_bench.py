@@ -8,7 +8,7 @@ def test_bench_cli_quick(tmp_path):
     out = tmp_path / "r.json"
     subprocess.run([sys.executable, "-m", "ssm_course.bench", "--quick", "--out", str(out)], check=True, capture_output=True, timeout=600)
     res = json.loads(out.read_text())
-    assert res["mode"] == "quick" and len(res["cases"]) >= 7 and res["copy_GBps"] > 0 and res["matmul_GFLOPs"] > 0
+    assert res["mode"] == "quick" and len(res["cases"]) >= 7 and res["copy_GBps"] == max(res["copy_GBps_start"], res["copy_GBps_end"]) > 0 and res["matmul_GFLOPs"] > 0
     assert res["threads"] == 1 and len(res["load_avg_before"]) == 3 and len(res["load_avg_after"]) == 3
     for c in res["cases"]:  # every implementation checked, in every case (the layers included), and timed
         assert c["agree"] and c["max_rel_diff"] and all(d <= c["tol"] for d in c["max_rel_diff"].values()), c["case"]
@@ -31,10 +31,10 @@ def test_ratio_is_median_of_per_round_ratios():
 def test_disagreeing_implementation_is_not_timed():
     c = Case("toy", {"ours": lambda: torch.arange(1.0, 4.0), "peer": lambda: torch.arange(1.0, 4.0).flip(0), "good": lambda: torch.arange(1.0, 4.0)},
              tol=1e-6, nbytes=24, flops=3)
-    rec = evaluate(c, rounds=1, min_run_time=1e-3, copy_GBps=1.0)
+    rec = evaluate(c, rounds=1, min_run_time=1e-3)
     assert not rec["agree"] and set(rec["seconds"]) == {"ours", "good"} and rec["best_peer"] == "good"
     assert abs(rec["max_rel_diff"]["peer"] - 2 / 3) < 1e-6 and rec["max_rel_diff"]["good"] == 0
-    assert set(rec["pct_copy"]) == {"ours", "good"}
+    assert set(rec["pct_copy"]) == {"ours", "good"} and rec["copy_GBps"] > 0  # the copy is timed alongside, not reported as an implementation
 
 
 def test_cli_exits_1_when_an_implementation_disagrees(monkeypatch, tmp_path, capsys):
