@@ -192,9 +192,30 @@ def _lti_ok(a, b, dtype):
     if values_hidden(b): return False
     return bool((a.abs() <= 1).all()) and bool(torch.isfinite(b.sum(dtype=dtype)))
 
+def _scan_traced(a, b, h0, shape, dtype, reverse=False, T=16, rounds=24):
+    "For `torch.compile` with dynamic shapes: the chunked scan with no Python control flow that depends on the length."
+    L = shape[-1]
+    a, b = a.to(dtype).expand(shape), b.to(dtype).expand(shape)
+    if reverse: a, b = a.flip(-1), b.flip(-1)
+    nc = (L + T - 1) // T + 1  # at least two chunks: a chunk count of 1 would be specialized on (size-1 broadcasting)
+    A = F.pad(a, (0, nc * T - L), value=1.0).unflatten(-1, (nc, T))
+    X = F.pad(b, (0, nc * T - L), value=0.0).unflatten(-1, (nc, T))
+    hs, ps = [X[..., 0]], [A[..., 0]]
+    for t in range(1, T): hs.append(A[..., t] * hs[-1] + X[..., t]); ps.append(A[..., t] * ps[-1])  # local scans, T fixed
+    hl, P = torch.stack(hs, -1), torch.stack(ps, -1)
+    Pe, He, idx = P[..., -1], hl[..., -1], torch.arange(nc, device=b.device)
+    if h0 is not None: He = He + torch.where(idx == 0, Pe * h0.to(dtype)[..., None], 0)
+    for k in range(rounds):  # chunk ends: Hillis-Steele with a fixed number of rounds (up to 2^24 chunks)
+        He = He + Pe * torch.where(idx >= 2**k, He.roll(2**k, -1), 0)
+        Pe = _no_inf(Pe * torch.where(idx >= 2**k, Pe.roll(2**k, -1), 1))
+    zero = torch.zeros_like(He[..., :1]) if h0 is None else h0.to(dtype).expand(shape[:-1])[..., None]
+    h = (hl + P * torch.cat([zero, He[..., :-1]], -1)[..., None]).flatten(-2)[..., :L]
+    return h.flip(-1) if reverse else h
+
 def _scan_fast(a, b, h0, shape, dtype, reverse=False):
-    "Dispatch: a meta result, the LTI matmul path, or the swept blocks (one block on a GPU, cache-sized blocks on a CPU)."
+    "Dispatch: a meta result, the traced path under torch.compile, the LTI matmul path, or the swept blocks (one block on a GPU)."
     if b.device.type == "meta": return torch.empty(shape, dtype=dtype, device="meta")
+    if torch.compiler.is_compiling(): return _scan_traced(a, b, h0, shape, dtype, reverse)
     if a.shape[-1] == 1 and shape[-1] > 1 and not reverse and _lti_ok(a, b, dtype): return _scan_lti(a, b, h0, shape, dtype)
     return _scan_cpu(a, b, h0, shape, dtype, block=1 << 20 if b.device.type == "cpu" else 1 << 62, reverse=reverse)
 

@@ -97,6 +97,20 @@ def _slice(X, s):
     "Time slice of a variable B/C (fixed ones are returned whole)."
     return X if X.dim() == 2 else X[..., s]
 
+# %% ../nbs/08_selective.ipynb #e5f6a7b8
+def _chunk(u, delta, A, B, C, x0):
+    "One chunk: u, delta (b, d, T); B, C as given, sliced to the chunk; x0 (b, d, n) or None. Returns (y, last state)."
+    a = torch.exp(delta[:, :, None, :] * A[:, :, None])  # (b, d, n, T)
+    du = (delta * u)[:, :, None, :]  # (b, d, 1, T)
+    if B.dim() == 2: bb = du * B[:, :, None]
+    elif B.dim() == 3: bb = du * B[:, None]
+    else: bb = (du.unflatten(1, (B.shape[1], -1)) * B[:, :, None]).flatten(1, 2)  # groups: (b, g, d/g, n, T)
+    x = scan(a, bb, x0)  # (b, d, n, T), with the reverse-scan backward of notebook 07
+    if C.dim() == 2: y = torch.einsum("bdnt,dn->bdt", x, C)
+    elif C.dim() == 3: y = torch.einsum("bdnt,bnt->bdt", x, C)
+    else: y = torch.einsum("bgknt,bgnt->bgkt", x.unflatten(1, (C.shape[1], -1)), C).flatten(1, 2)
+    return y, x[..., -1].clone()  # a copy: a view would keep the whole chunk of states alive
+
 # %% ../nbs/08_selective.ipynb #6fe85b35
 class _ScanTM(torch.autograd.Function):
     "$x_t = a_t x_{t-1} + b_t$ along dim 0 of time-major (T, ...) tensors: a loop of T vector steps, and the reverse loop as its backward."
@@ -220,7 +234,8 @@ def selective_scan(
     A = A.to(ctype if cplx else work)
     B, C = B.to(A.dtype), C.to(A.dtype)
     x0 = None if initial_state is None else initial_state.to(A.dtype)
-    y, last = _SelectiveScan.apply(u.to(work), delta, A, B, C, x0, chunk, use_triton)
+    if torch.compiler.is_compiling() and not use_triton: y, last = _chunk(u.to(work), delta, A, B, C, x0)  # dynamic shapes: one chunk
+    else: y, last = _SelectiveScan.apply(u.to(work), delta, A, B, C, x0, chunk, use_triton)
     if y.is_complex(): y = 2 * y.real
     if D is not None: y = y + u.to(work) * D.to(work)[:, None]
     if z is not None: y = y * F.silu(z.to(work))

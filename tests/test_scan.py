@@ -238,3 +238,4 @@ BAD2 = [
 def test_bad_input_extra(call, exc, word):
     with pytest.raises(exc, match=rf"\b{word}\b"):
         call()
+
