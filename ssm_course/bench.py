@@ -11,7 +11,7 @@ __all__ = ['CASES', 'COPY', 'measure', 'ratio', 'copy_bandwidth', 'matmul_peak',
 
 # %% ../nbs/14_benchmarks.ipynb #5e2fa4a8
 import argparse, copy, json, math, os, platform, statistics, subprocess, sys, time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import version, PackageNotFoundError
 from pathlib import Path
 from fastcore.imports import in_ipython
@@ -80,15 +80,15 @@ class Case:
     tol:float # the largest `max_rel_diff` accepted against the reference
     nbytes:int|None=None # bytes the op must move: each input read once, the output written once
     flops:int|None=None # floating-point operations of the op, one count for every implementation
-    canon:dict=field(default_factory=dict) # name -> function taking that output to our layout (applied outside the timed region)
-    refs:dict=field(default_factory=dict) # name -> callable giving that implementation's reference (default: ours' output)
+    canon:dict|None=None # name -> function taking that output to our layout (applied outside the timed region)
+    refs:dict|None=None # name -> callable giving that implementation's reference (default: ours' output)
     ours:list|None=None # our implementations (default: the first)
     target:bool=True # whether a library peer exists, so that the target ours / best peer <= 0.8 applies
     def __post_init__(self):
-        "Ours defaults to the first implementation."
-        self.ours = self.ours or [next(iter(self.fns))]
+        "Ours defaults to the first implementation; no conversions and no separate references by default."
+        self.ours, self.canon, self.refs = self.ours or [next(iter(self.fns))], self.canon or {}, self.refs or {}
 
-def rel_diff(x, # an output in our layout (tensor or array)
+def rel_diff(x:torch.Tensor|np.ndarray, # an output in our layout
              ref:torch.Tensor, # its reference
             )->float:
     "`max_rel_diff`: $\\max|x - r| / \\max|r|$, computed in the reference's dtype."
