@@ -1,4 +1,4 @@
-"""Three kernels behind the course's public functions, each built from a simple first version one optimization at a time: the diagonal SSM kernel as a small matrix product per block of lags (phases in float64, powers computed once per program), Mamba's selective scan with channels sharing their loads and a Triton backward from chunk-boundary states, and Mamba-2's SSD as small kernels over chunks joined by notebook 10's scan — every one checked forward and backward against its float64 reference in Triton's interpreter, and compiled for sm_80/sm_90 to see what a GPU would run.
+"""Three Triton kernels behind the course's public ops, each grown from a simple first version one optimization at a time, checked forward and backward against float64 in the interpreter, and compiled for sm_80/sm_90 to see what a GPU would run.
 
 Docs: https://ssm-course.github.io/ssm_course/triton_ssm.html.md"""
 
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 import triton
 import triton.language as tl
+from .checks import check_size
 from .triton_scan import scan_triton
 
 # %% ../nbs/11_triton_ssm.ipynb #f4bcec7f
@@ -40,6 +41,11 @@ def _powers(logr, turns, e):
     cos, sin = _cis(ph)
     return mag * cos, mag * sin
 
+def _log_parts(dA):
+    "$\\log|\\bar\\lambda|$ and $\\arg\\bar\\lambda / 2\\pi$ in float64, (H, N) contiguous; $\\log 0$ clamped to a finite number, so that $0^0 = 1$ and $0^l = 0$."
+    z = dA.to(torch.complex128)
+    return torch.log(z.abs().clamp(min=1e-300)).contiguous(), (torch.angle(z) / (2 * math.pi)).contiguous()
+
 # %% ../nbs/11_triton_ssm.ipynb #k1cd0010
 @triton.jit
 def _kdiag_fwd_kernel(logr_ptr, turns_ptr, w_ptr, k_ptr, N, L, LAGS,
@@ -64,21 +70,16 @@ def _kdiag_fwd_kernel(logr_ptr, turns_ptr, w_ptr, k_ptr, N, L, LAGS,
         tl.store(k_ptr + 2 * (h * L + l) + tl.arange(0, 2), tl.join(kr, ki), mask=l < L)  # (re, im) pairs: contiguous stores
 
 # %% ../nbs/11_triton_ssm.ipynb #k1cd0012
-def _interpreted(gpu=None):
+def _interpreted(gpu:bool|None=None):
     "Whether to pick the interpreter's configuration: under TRITON_INTERPRET=1 unless `gpu` says otherwise."
     return os.environ.get("TRITON_INTERPRET") == "1" if gpu is None else not gpu
 
-def _kdiag_config(L, N, backward=False, gpu=None):
+def _kdiag_config(L, N, backward=False, gpu:bool|None=None):
     "(BLOCK_N, T, ROWS, lags per program, num_warps, num_stages): tiles that compile without spills for sm_80 and sm_90 (section 5)."
     BN = max(16, triton.next_power_of_2(N))
     if _interpreted(gpu): return BN, 16, 16, triton.cdiv(L, 256) * 256, 4, 1  # one program per channel
     T, R = (32, 32) if backward else (64, 16)  # the backward holds twice the accumulators
     return BN, T, R, 4 * R * T, 8, 1 if backward else 2
-
-def _log_parts(dA):
-    "(log|dA|, arg dA / 2 pi) in float64, (H, N) contiguous; log 0 clamped so that 0^0 = 1."
-    z = dA.to(torch.complex128)
-    return torch.log(z.abs().clamp(min=1e-300)).contiguous(), (torch.angle(z) / (2 * math.pi)).contiguous()
 
 def _kdiag_fwd(dA, W, L):
     "K (H, L) complex64 for dA, W (H, N) complex64."
@@ -172,7 +173,10 @@ def _sel_load(u_ptr, delta_ptr, bias_ptr, z_ptr, row, dd, md, t, L, HAS_BIAS: tl
     raw = tl.load(delta_ptr + off, mask=m, other=0.0).to(tl.float32)
     if HAS_BIAS: raw += tl.load(bias_ptr + dd, mask=md, other=0.0).to(tl.float32)[:, None]
     dt = raw
-    if SOFTPLUS: dt = tl.where(raw <= 20.0, tl.log(1 + tl.exp(raw)), raw)  # as F.softplus
+    if SOFTPLUS:  # F.softplus, log(1 + e^x): as log(w) e^x / (w - 1) with w = 1 + e^x, accurate also where 1 + e^x rounds (Goldberg 1991); x above 20
+        e = tl.exp(tl.minimum(raw, 20.0))
+        w = 1 + e
+        dt = tl.where(raw > 20.0, raw, tl.where(w == 1, e, tl.log(w) * e / tl.where(w == 1, 1.0, w - 1)))
     dt = tl.where(m, dt, 0.0)  # 0 outside: a = 1, no input
     z = tl.zeros_like(u)
     if HAS_Z: z = tl.load(z_ptr + off, mask=m, other=0.0).to(tl.float32)
@@ -291,7 +295,7 @@ def _sel_layout(X, d):
     if X.dim() == 3: return False, d, (X.stride(0), 0, X.stride(1), X.stride(2))  # (b, n, l): one group
     return False, d // X.shape[1], (X.stride(0), X.stride(1), X.stride(2), X.stride(3))  # (b, g, n, l)
 
-def _sel_config(d, layouts, backward=False, gpu=None):
+def _sel_config(d, layouts, backward=False, gpu:bool|None=None):
     "(BLOCK_D, BLOCK_T, num_warps): tiles that compile without spills for sm_80/sm_90 (section 5); a program's channels share their B and C groups."
     if _interpreted(gpu): BD, BT, nw = 4, 16, 4
     else: BD, BT, nw = (8, 32, 8) if backward else (4, 32, 4)
@@ -377,13 +381,14 @@ def selective_scan_triton(
     delta_softplus:bool=False, # apply softplus to delta + delta_bias
     return_last_state:bool=False, # also return the last state, (b, d, n)
     initial_state:Tensor|None=None, # the state before the first step, (b, d, n)
-    chunk:int=128, # steps between the states stored for the backward (a multiple of the kernel's block)
-): # y (b, d, l) in u's dtype, or (y, last state)
+    chunk:int=128, # steps between the states stored for the backward (rounded down to a multiple of the kernel's block)
+)->Tensor|tuple: # y (b, d, l) in u's dtype, or (y, last state)
     "Mamba's selective scan as two Triton kernels, forward and backward, with the bias, softplus, $D$ and the $z$ gate fused; real $A$."
     if A.is_complex() or B.is_complex() or C.is_complex():
         raise ValueError("the Triton selective scan handles real A, B, C; use backend='torch' for complex A")
     for X, name in [(u, "u"), (delta, "delta"), (A, "A"), (B, "B"), (C, "C"), (D, "D"), (z, "z"), (delta_bias, "delta_bias"), (initial_state, "initial_state")]:
         if X is not None and X.dtype == torch.float64: raise ValueError(f"the Triton selective scan computes in float32, got {name} in float64; use backend='torch'")
+    chunk = check_size(chunk, "chunk")
     f = lambda X: None if X is None else X.float()  # a no-op for float32: B and C keep their strides
     c = lambda X: None if X is None else X.float().contiguous()
     y, last = _SelectiveTriton.apply(c(u), c(delta), c(A), f(B), f(C), f(D), c(z), f(delta_bias), c(initial_state), delta_softplus, chunk)
@@ -683,7 +688,7 @@ def ssd_triton(
     for X, name in [(x, "x"), (dt, "dt"), (A, "A"), (B, "B"), (C, "C"), (initial_states, "initial_states")]:
         if X is not None and X.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the Triton ssd computes in float32 from float32 or bfloat16 inputs, got {name} in {X.dtype}; use backend='torch'")
-    Q = max(16, triton.next_power_of_2(chunk_size))
+    Q = max(16, triton.next_power_of_2(check_size(chunk_size, "chunk_size")))
     x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
     h0 = None if initial_states is None else initial_states.contiguous()
     dA = _ssd_dA(dt, A, Q)  # (b, h, chunks, Q)
@@ -730,12 +735,12 @@ def _perf_selective():
     BC, states, blocks = 2 * 4 * b * n * l, 4 * b * d * n * (l // CH), 4 * b * d * n * (l // BT)  # B and C; chunk and block states
     scan = 12 * E * n  # per (element, state): a, b, the scan (two combines of 3), the fold and the contraction with C, roughly
     fwd = {"kernel": "_selective_fwd_kernel", "bytes": 12 * E + BC + states + 8 * b * d * n, "l2_bytes": 8 * b * (d // BD) * l * n,
-           "flops": scan, "transcendentals": E * n + 2 * E}  # read u, delta; write y, the chunk states, the last state; exp(dt A), softplus
+           "flops": scan, "transcendentals": E * n + 2 * E}  # read u, delta; write y, the chunk states, the last state; exp(dt A); softplus: exp and the division's reciprocal (its log is a libdevice polynomial)
     rec = {"kernel": "_selective_fwd_kernel (block states)", "bytes": 8 * E + BC // 2 + states + blocks, "l2_bytes": 4 * b * (d // BD) * l * n,
            "flops": scan, "transcendentals": E * n + 2 * E}
     part = 2 * 4 * b * (d // BDb) * n * l  # dB and dC partial sums per program, written by the kernel and read by PyTorch's sum
     bwd = {"kernel": "_selective_bwd_kernel", "bytes": 12 * E + 8 * E + BC + blocks + 2 * part + BC + 8 * b * d * n, "l2_bytes": 8 * b * (d // BDb) * l * n,
-           "flops": 36 * E * n, "transcendentals": 2 * E * n + 5 * E}  # read u, delta, dy; write du, ddelta; exp(dt A) and exp(dt_{t+1} A)
+           "flops": 36 * E * n, "transcendentals": 2 * E * n + 6 * E}  # read u, delta, dy; write du, ddelta; exp(dt A) and exp(dt_{t+1} A); two softplus and a sigmoid
     return [_op("selective_scan", "fwd", SELECTIVE_SHAPE, [fwd]), _op("selective_scan", "bwd", SELECTIVE_SHAPE, [rec, bwd])]
 
 def _perf_ssd(dtype=torch.float32):
@@ -749,7 +754,7 @@ def _perf_ssd(dtype=torch.float32):
     cb = {"kernel": "_ssd_cb_kernel", "bytes": BC + CB, "flops": mm(2 * b * l * g * Q * n), "tf32": True}
     st = {"kernel": "_ssd_state_kernel", "bytes": X + BC // 2 + S, "l2_bytes": (n // BN) * X + h * (p // BP) * BC // 2,  # x once per block of N, B once per head and block of P
           "flops": mm(2 * b * l * h * p * n), "tf32": True, "transcendentals": b * l * h * (p // BP) * (n // BN)}
-    sc = {"kernel": "_scan_fwd_kernel (state passing, notebook 10)", "bytes": 4 * S, "flops": 6 * S // 4}  # decay expanded and written, read; S read; states written
+    sc = {"kernel": "_scan_fwd_kernel (state passing, notebook 10)", "bytes": 2 * S, "flops": 15 * S // 4}  # S read, the states written; the chunk decays (one per head and chunk) are broadcast, not copied
     out = {"kernel": "_ssd_out_kernel", "bytes": X + BC // 2 + CB + S + X, "l2_bytes": h * (p // BP) * (BC // 2 + CB // g),
            "flops": mm(2 * b * l * h * Q * p + 2 * b * l * h * p * n), "tf32": True, "transcendentals": nc * b * h * (p // BP) * (Q * Q + Q * (n // BN))}
     fwd = _op("ssd", "fwd", SSD_SHAPE, [cb, st, sc, out], str(dtype).removeprefix("torch."))
@@ -759,7 +764,7 @@ def _perf_ssd(dtype=torch.float32):
           "flops": mm(4 * b * l * h * Q * p), "tf32": True, "transcendentals": nc * b * h * Q * Q}  # x, dy (read twice); write dx, ddt, per-head dCB
     osb = {"kernel": "_ssd_out_state_bwd_kernel", "bytes": X + BC // 2 + S + G32 + 2 * S, "l2_bytes": X + h * BC // 2 + S, "flops": mm(4 * b * l * h * p * n), "tf32": True,
            "transcendentals": b * l * h}  # dy, C, the states; write per-head dC and the states' gradient (zeroed first by PyTorch)
-    scb = {"kernel": "_scan_bwd_kernel (state passing, notebook 10)", "bytes": 5 * S + 2 * S, "flops": 7 * S // 4}  # a (expanded again), g, h read; da, db written; da summed
+    scb = {"kernel": "_scan_bwd_kernel (state passing, notebook 10)", "bytes": 5 * S, "flops": 17 * S // 4}  # dL/dh and h read; da (per state entry) and db written; da summed by PyTorch
     sb = {"kernel": "_ssd_state_bwd_kernel", "bytes": X + BC // 2 + S + 4 * b * l * h * (p + 1) + G32, "l2_bytes": X + h * BC // 2 + S,
           "flops": mm(4 * b * l * h * p * n), "tf32": True, "transcendentals": b * l * h}  # x, B, dS; write dx, ddt, per-head dB
     cbb = {"kernel": "_ssd_cb_bwd_kernel", "bytes": CB + BC + 2 * 4 * b * l * g * n, "flops": mm(4 * b * l * g * Q * n), "tf32": True}
@@ -775,7 +780,7 @@ def perf_model()->list: # one dict per op and direction at the bench/gpu.py shap
 # %% ../nbs/11_triton_ssm.ipynb #k6cd0003
 _TY = {torch.float32: "*fp32", torch.float64: "*fp64", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 
-def _spec(fn, variant, args, constexprs, num_warps=4, num_stages=3, dot=False, vector_loads=False, options=None):
+def _spec(fn, variant, args, constexprs, num_warps=4, num_stages=3, dot=False, vector_loads=False, options:dict|None=None):
     "A compile spec as Triton's launcher would specialise the call: pointers (given by dtype) 16-byte aligned, integers equal to 1 made constants, multiples of 16 marked divisible."
     sig, cx, aligned = {}, dict(constexprs), []
     for name in fn.arg_names:
