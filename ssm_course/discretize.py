@@ -8,7 +8,7 @@ Docs: https://ssm-course.github.io/ssm_course/discretize.html.md"""
 __all__ = ['DENSE_METHODS', 'DIAG_METHODS', 'discretize', 'expm1', 'phi1', 'discretize_diag']
 
 # %% ../nbs/02_discretize.ipynb #7418ef29
-import numbers
+import math, numbers
 import torch
 from torch import Tensor
 from .checks import check_tensor, check_square, check_last_dim, check_choice, check_positive, broadcast_batch, values_hidden, float_dtype, compute_dtype, real_dtype, to_precision
@@ -95,16 +95,21 @@ def expm1(
     x, y = z.real, z.imag
     return torch.complex(torch.expm1(x) * torch.cos(y) - 2 * torch.sin(y / 2) ** 2, torch.exp(x) * torch.sin(y)).to(out)
 
+_PHI1_TAYLOR = [1 / math.factorial(k + 1) for k in range(11)]  # phi1(z) = sum_k z^k / (k+1)!, k = 0..10
+
 def phi1(
     z:Tensor, # real or complex
 )->Tensor: # $\varphi_1(z)$, same dtype as `z` (integers give float)
-    "$\\varphi_1(z) = (e^z - 1)/z$, equal to 1 at $z = 0$ and accurate near it."
+    "$\\varphi_1(z) = (e^z - 1)/z$, equal to 1 at $z = 0$; a Taylor polynomial for $|z| < 0.2$ keeps its value and gradient accurate near 0."
     z = check_tensor(z, "z")
     out = float_dtype(z)
     z = z.to(compute_dtype(z))
-    small = z.abs() < 1e-4
-    zs = torch.where(small, torch.ones_like(z), z)  # keeps the unused branch (and its gradient) finite
-    return torch.where(small, 1 + z / 2 + z * z / 6, expm1(zs) / zs).to(out)
+    small = z.abs() < 0.2
+    zs = torch.where(small, torch.ones_like(z), z)  # the quotient never divides by (nearly) 0 ...
+    zp = torch.where(small, z, torch.zeros_like(z))  # ... and the polynomial never sees a large z: both branches and their gradients stay finite
+    series = torch.full_like(zp, _PHI1_TAYLOR[-1])
+    for c in reversed(_PHI1_TAYLOR[:-1]): series = c + zp * series  # Horner's rule
+    return torch.where(small, series, expm1(zs) / zs).to(out)
 
 # %% ../nbs/02_discretize.ipynb #06a4fb4a
 DIAG_METHODS = DENSE_METHODS | {"zoh_euler"}

@@ -166,5 +166,5 @@ def dplr(
     S = AN - c * torch.eye(N, dtype=torch.float64)
     w, V = torch.linalg.eigh(-1j * S.to(torch.complex128))  # -iS is Hermitian
     Lambda = c + 1j * w
-    P = p.to(torch.complex128) @ V.conj()  # rows of V^* p: (r, N)
+    P = p.to(torch.complex128) @ V.conj()  # rows of V^H p: (r, N)
     return Lambda, (P[0] if P.shape[0] == 1 else P), V.mH @ B.to(torch.complex128), V

@@ -74,8 +74,8 @@ def impulse_response(
     B:Tensor, # input vector, (..., N)
     C:Tensor, # output vector, (..., N)
     t:Tensor, # times, (T,)
-)->Tensor: # $h(t)$, (..., T)
-    "The impulse response $h(t) = Ce^{tA}B$ (the $D\\delta(t)$ term is left out)."
+)->Tensor: # $K(t)$, (..., T)
+    "The impulse response $K(t) = Ce^{tA}B$ (the $D\\delta(t)$ term is left out)."
     N = check_square(A, "A")
     check_last_dim(C, "C", N)
     broadcast_batch(A=A.shape[:-2], B=check_tensor(B, "B").shape[:-1], C=C.shape[:-1])

@@ -1,6 +1,7 @@
-"""Bad input to every exported function of notebook 01 raises a clear error naming the argument."""
+"""Notebook 01's functions: bad input raises a clear error naming the argument; dtypes and batches; inputs unchanged."""
 import pytest, torch
 import numpy as np
+from hypothesis import given, settings, strategies as st
 from ssm_course.ssm import matrix_exp, basis_functions, impulse_response, random_ssm, state_transition, step_response, spectral_abscissa, is_stable
 
 A, B, C, D = random_ssm(3)
@@ -69,3 +70,23 @@ def test_complex_and_integer_inputs_promote():
     assert spectral_abscissa(Ai).item() == -1.0 and bool(is_stable(Ai))
     Ah = A.half()
     assert torch.equal(impulse_response(Ah, B.half(), C.half(), t.half()), impulse_response(Ah.float(), B.half().float(), C.half().float(), t.half().float()).half())
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(N=st.integers(1, 5), T=st.integers(1, 6), batch=st.sampled_from([(), (2,)]), layout=st.sampled_from(["contiguous", "transposed", "sliced", "expanded"]),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.complex128]), seed=st.integers(0, 1000))
+def test_inputs_unchanged_outputs_finite(N, T, batch, layout, dtype, seed):
+    "Every function of notebook 01 leaves its inputs bit-identical (values and strides) and gives finite output for a stable A."
+    A, B, C, D = (x.to(dtype) for x in random_ssm(N, seed=seed))
+    if layout == "transposed": A = A.mT.contiguous().mT  # column-major
+    if layout == "sliced": B, C = torch.stack([B, B], -1)[..., 0], torch.stack([C, C], -1)[..., 1]  # stride 2
+    A, B, C = A.expand(*batch, N, N), B.expand(*batch, N), C.expand(*batch, N)
+    if layout != "expanded" and batch: A, B, C = A.contiguous(), B.contiguous(), C.contiguous()  # else stride 0 across the batch
+    t = torch.linspace(0, 3, 2 * T, dtype=torch.float64)[::2]
+    args = [A, B, C, D, t]
+    copies = [(a.clone(), a.stride()) for a in args]
+    outs = [state_transition(A, t), basis_functions(A, B, t), impulse_response(A, B, C, t), step_response(A, B, C, t, D),
+            spectral_abscissa(A), matrix_exp(0.5 * A)]
+    assert is_stable(A).all()
+    for a, (copy, stride) in zip(args, copies): assert torch.equal(a, copy) and a.stride() == stride
+    for o in outs: assert torch.isfinite(torch.view_as_real(o) if o.is_complex() else o).all()
