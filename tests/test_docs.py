@@ -259,8 +259,7 @@ def missing_alt(site):
 
 # Pages whose notebooks' owners have not yet given every plotting cell a `#| fig-alt:` (issue 20, item 4). A page
 # missing from this list that loses its alt text fails the test; once a page here has all of them, remove it.
-ALT_PENDING = {"benchmarks.html", "convolution.html", "diagonal.html", "discretize.html", "hippo.html", "layers.html",
-               "s4.html", "scan.html", "selective.html", "ssd.html", "tasks.html", "training.html"}
+ALT_PENDING = {"training.html"}
 
 
 def test_every_image_has_real_alt_text(site):
