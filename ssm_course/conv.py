@@ -57,9 +57,9 @@ def krylov(
     out, work = float_dtype(Ad, v), compute_dtype(Ad, v)  # integers give floats; half precision runs in float32
     V, P = v.to(work).expand(*batch, N)[..., None], Ad.to(work)  # (..., N, m): columns Ad^l v for l < m; P = Ad^m
     while V.shape[-1] < L:
-        V = torch.cat([V, P @ V], -1)  # (..., N, 2m)
-        P = P @ P
-    return V[..., :L].to(out)
+        V = torch.cat([V, P @ V[..., :L - V.shape[-1]]], -1)  # (..., N, min(2m, L))
+        if V.shape[-1] < L: P = P @ P
+    return V.to(out)
 
 def ssm_kernel(
     Ad:Tensor, # discrete state matrix $\bar A$, (..., N, N)
@@ -101,19 +101,27 @@ def fft_conv(u, K):
     return torch.fft.irfft(torch.fft.rfft(u, n=n) * torch.fft.rfft(K, n=n), n=n)[..., :L]  # real signals: half the spectrum
 
 # %% ../nbs/04_convolution.ipynb #c6e8d15c
-try: import ducc0  # pocketfft's successor: the FFT of the CPU path
-except ImportError: ducc0 = None
+try: import ducc0  # optional (`pip install "ssm_course[fast]"`): pocketfft's successor, faster than torch.fft here
+except ImportError: ducc0 = None  # then the CPU path transforms with torch.fft; tests set this to None to force that
 
 _GUARD = 16.0  # an input more than _GUARD times larger than every earlier input takes no part in the earlier outputs
 _ROWS = 8  # FFT rows per block of the CPU path: ducc0 vectorizes across them, and 8 rows of 2L samples stay in cache
+
+def _huge(dtype):
+    "Rows whose largest value reaches this are scaled down by a power of 2 before the FFT (spectra stay far from overflow)."
+    return 2.0 ** (math.frexp(torch.finfo(dtype).max)[1] // 4)  # 2^32 in float32, 2^256 in float64
 
 def _take(A, idx):
     "`A[idx]` for a 1-d index array: a view when `idx` is a run of consecutive rows, else a copy."
     run = len(idx) > 0 and idx[-1] - idx[0] == len(idx) - 1 and (len(idx) < 3 or bool((np.diff(idx) == 1).all()))
     return A[idx[0]:idx[-1] + 1] if run else A[idx]
 
+def _np_exponents(hi, dtype):
+    "Per row: $e \\ge 0$ such that the row divided by $2^e$ has its largest value below $2^1$ when it is huge, else 0."
+    return np.where(hi >= _huge(torch.float32 if dtype == np.float32 else torch.float64), np.frexp(hi)[1] - 1, 0)
+
 class _Spectra:
-    "Real FFTs of length `n` (by ducc0) of rows zero-padded from `m` samples, in buffers reused from block to block."
+    "Real FFTs of length `n` (ducc0's, else torch.fft's) of rows zero-padded from `m` samples, in buffers reused from block to block."
     def __init__(self, n, m, dtype, rows=_ROWS):
         self.n, self.m, self.threads = n, m, torch.get_num_threads()
         self.buf = np.zeros((rows, n), dtype)  # columns m: stay zero, the padding
@@ -125,34 +133,30 @@ class _Spectra:
         return self.buf[:len(idx), :self.m]
     def fwd(self, r):
         "The spectra of the first `r` loaded rows, (r, n//2+1)."
+        if ducc0 is None: return torch.fft.rfft(torch.from_numpy(self.buf[:r]), out=torch.from_numpy(self.X[:r])).numpy()
         return ducc0.fft.r2c(self.buf[:r], axes=(1,), out=self.X[:r], nthreads=self.threads)
     def inv(self, X, L):
         "The first `L` samples of the inverse transforms of `X` (which may be overwritten)."
+        if ducc0 is None: return torch.fft.irfft(torch.from_numpy(X), n=self.n, out=torch.from_numpy(self.y[:len(X)])).numpy()[:, :L]
         return ducc0.fft.c2r(X, axes=(1,), lastsize=self.n, forward=False, inorm=2, out=self.y[:len(X)],
                              nthreads=self.threads, allow_overwriting_input=True)[:, :L]
 
 def _spectra(A, n):
     "Spectra of all rows of `A`, zero-padded to `n`: for an operand shared by many rows."
+    if ducc0 is None: return torch.fft.rfft(torch.from_numpy(A), n=n).numpy()
     buf = np.zeros((len(A), n), A.dtype); buf[:, :A.shape[1]] = A
     return ducc0.fft.r2c(buf, axes=(1,), nthreads=torch.get_num_threads())
 
-def _np_causal(A, ia, Bm, ib, L, rows=_ROWS):
-    """Row r: the causal convolution of `A[ia[r], :L]` with `Bm[ib[r]]` (first `L` outputs), with steps 1 and 2:
-    NaN from a non-finite value on, and outputs before a row's first input within _GUARD of its largest recomputed."""
-    LK = Bm.shape[-1]
-    n = next_fast_len(L + LK - 1)
-    R = len(ia)
-    badK, finK = np.full(len(Bm), L), np.isfinite(Bm)
-    if not finK.all():  # a non-finite tap: zero from there on, NaN outputs from there on
-        badK = np.where(finK.all(-1), L, (~finK).argmax(-1))
-        Bm = np.where(np.arange(LK) >= badK[:, None], 0, Bm).astype(Bm.dtype)
+def _np_pass(A, ia, Bm, ib, eK, L, rows=_ROWS):
+    """One pass of the CPU path. Row r: the first `L` outputs of the convolution of `A[ia[r], :L]` with `Bm[ib[r]]`, its
+    inputs zeroed from the first non-finite one (`bad[r]`, else `L`); `first[r]`: its first input within _GUARD of its largest."""
+    n, R = next_fast_len(L + Bm.shape[-1] - 1), len(ia)
     FB = _spectra(Bm, n) if len(Bm) < R else None  # a kernel broadcast over rows: transform each of its rows once
     sa = _Spectra(n, L, A.dtype, rows)
-    sb = _Spectra(n, LK, Bm.dtype, rows) if FB is None else None
-    out = np.empty((R, L), A.dtype)
-    first, bad = np.zeros(R, np.int64), np.full(R, L)
+    sb = _Spectra(n, Bm.shape[-1], Bm.dtype, rows) if FB is None else None
+    out, first, bad = np.empty((R, L), A.dtype), np.zeros(R, np.int64), np.full(R, L)
     for s in range(0, R, rows):
-        ua = sa.load(A, ia[s:s + rows])  # (r, L) view of the padded buffer, masked in place if needed
+        ua = sa.load(A, ia[s:s + rows])  # (r, L) view of the padded buffer: masked and scaled in place
         hi = np.maximum(ua.max(-1), -ua.min(-1))  # largest |u| per row; NaN or inf marks a non-finite row
         for i in np.nonzero(~np.isfinite(hi))[0]:
             b = int((~np.isfinite(ua[i])).argmax()); ua[i, b:] = 0; bad[s + i] = b
@@ -161,17 +165,35 @@ def _np_causal(A, ia, Bm, ib, L, rows=_ROWS):
         f = win.argmax(-1)
         for i in np.nonzero(~win.any(-1))[0]: f[i] = (np.abs(ua[i]) >= hi[i] / _GUARD).argmax()
         first[s:s + rows] = f
+        eu = _np_exponents(hi, A.dtype)  # huge rows: divided by a power of 2 here (exact), multiplied back below
+        if eu.any(): ua *= np.ldexp(1.0, -eu).astype(A.dtype)[:, None]
         Y = _take(FB, ib[s:s + rows]) if FB is not None else (sb.load(Bm, ib[s:s + rows]), sb.fwd(len(ua)))[1]
         X = sa.fwd(len(ua))
         X *= Y
         out[s:s + rows] = sa.inv(X, L)
-    heads = np.nonzero(first > 0)[0]
-    if len(heads):  # outputs before `first`: from the inputs before it only
-        P = int(first[heads].max())
-        keep = np.arange(P) < first[heads][:, None]
-        Ah = np.where(keep, A[ia[heads], :P], 0).astype(A.dtype)
-        out[heads, :P] = np.where(keep, _np_causal(Ah, np.arange(len(heads)), Bm[:, :P], ib[heads], P, rows), out[heads, :P])
+        for e in (eu, eK[ib[s:s + rows]]):  # one power of 2 at a time: each is a finite float
+            if e.any(): out[s:s + rows] *= np.ldexp(1.0, e).astype(A.dtype)[:, None]
+    return out, first, bad
+
+def _np_causal(A, ia, Bm, ib, L, rows=_ROWS):
+    "Row r: the causal convolution of `A[ia[r], :L]` with `Bm[ib[r]]`, with steps 1 and 2, levels of step 2 in a loop."
+    LK = Bm.shape[-1]
+    badK, finK = np.full(len(Bm), L), np.isfinite(Bm)
+    if not finK.all():  # a non-finite tap: zero from there on, NaN outputs from there on
+        badK = np.where(finK.all(-1), L, (~finK).argmax(-1))
+        Bm = np.where(np.arange(LK) >= badK[:, None], 0, Bm).astype(Bm.dtype)
+    eK = _np_exponents(np.abs(Bm).max(-1), Bm.dtype)
+    if eK.any(): Bm = Bm * np.ldexp(1.0, -eK).astype(Bm.dtype)[:, None]
+    out, first, bad = _np_pass(A, ia, Bm, ib, eK, L, rows)
     bad = np.minimum(bad, badK[ib])
+    live = np.arange(len(ia))  # the rows of `out` that the current level recomputes
+    while (first > 0).any():  # step 2, level by level: outputs before `first` from the inputs before it only
+        sel = np.nonzero(first > 0)[0]
+        P = int(first[sel].max())
+        keep = np.arange(P) < first[sel][:, None]
+        A, ia, ib, live = np.where(keep, A[ia[sel], :P], 0).astype(A.dtype), np.arange(len(sel)), ib[sel], live[sel]
+        y, first, _ = _np_pass(A, ia, Bm[:, :P], ib, eK, P, rows)
+        out[live, :P] = np.where(keep, y, out[live, :P])
     for r in np.nonzero(bad < L)[0]: out[r, bad[r]:] = np.nan
     return out
 
@@ -204,7 +226,7 @@ def _rows_np(x):
     return x.detach().resolve_neg().reshape(-1, x.shape[-1]).numpy()
 
 class _CPUCausalConv(torch.autograd.Function):
-    "`causal_conv` of real CPU tensors by ducc0 in cache-sized blocks; backward: the two correlations."
+    "`causal_conv` of real CPU tensors in cache-sized blocks of rows (ducc0's FFT, else torch.fft's); backward: the two correlations."
     @staticmethod
     def forward(ctx, u, K):
         batch = torch.broadcast_shapes(u.shape[:-1], K.shape[:-1])
@@ -236,23 +258,53 @@ def _bad_from(x, L):
     first = torch.where(bad.any(-1), bad.to(torch.uint8).argmax(-1), L)
     return torch.arange(L, device=x.device) >= first[..., None]
 
-def _guarded(u, K):
-    "`fft_conv`, with each row's outputs before its first input within _GUARD of its largest recomputed from the inputs before it."
-    y = fft_conv(u, K)
-    a = u.abs()
-    first = (a >= a.amax(-1, keepdim=True) / _GUARD).to(torch.uint8).argmax(-1)  # (...,)
-    P = int(first.max())
-    if P == 0: return y
-    head = torch.arange(P, device=u.device) < first[..., None]  # (..., P)
-    yh = _guarded(u[..., :P].masked_fill(~head, 0), K[..., :P])
-    return torch.cat([torch.where(head, yh, y[..., :P]), y[..., P:]], -1)
+def _exponents(hi):
+    "Per row: $e \\ge 0$ such that the row divided by $2^e$ has its largest value below $2^1$ when it is huge, else 0."
+    return torch.where(hi >= _huge(hi.dtype), torch.frexp(hi).exponent - 1, 0).to(hi.dtype)
+
+def _scaled_conv(u, K, hu, hK):
+    "`fft_conv`; rows of `u` or `K` whose largest value `hu`, `hK` is huge are divided by a power of 2 first and multiplied back."
+    eu, eK = _exponents(hu), _exponents(hK)
+    if not bool((eu > 0).any() | (eK > 0).any()): return fft_conv(u, K)
+    y = fft_conv(u * torch.exp2(-eu)[..., None], K * torch.exp2(-eK)[..., None])  # exact: powers of 2
+    return y * torch.exp2(eu)[..., None] * torch.exp2(eK)[..., None]  # one at a time: each is a finite float
+
+def _first_big(u, hu):
+    "(...,): per row, the first step with $|u_p| \\ge$ (largest $|u|$)/_GUARD; 0 for a row of zeros."
+    thr = (hu / _GUARD)[..., None]
+    win = u[..., :64].abs() >= thr  # usually found among the first steps: no pass over the whole row
+    return (win if bool(win.any(-1).all()) else u.abs() >= thr).to(torch.uint8).argmax(-1)
+
+def _absmax(x):
+    "(...,): the largest $|x|$ of each row (NaN or inf for a row with a non-finite value)."
+    x = x.detach()
+    if x.is_complex(): return torch.linalg.vector_norm(x, math.inf, -1)
+    return torch.maximum(x.amax(-1), -x.amin(-1))  # two fast passes (vector_norm and aminmax are slower on CPU)
+
+def _guarded(u, K, hu, hK):
+    "Step 2 around `_scaled_conv`: each level recomputes the outputs before every row's first big input from the inputs before it."
+    y = _scaled_conv(u, K, hu, hK)
+    first = _first_big(u.detach(), hu)
+    while (P := int(first.max())) > 0:  # each level's largest input is under 1/_GUARD of the level before's
+        head = torch.arange(P, device=u.device) < first[..., None]  # (..., P): the outputs this level recomputes
+        u, K = u[..., :P].masked_fill(~head, 0), K[..., :P]
+        hu = _absmax(u)
+        y = torch.cat([torch.where(head, _scaled_conv(u, K, hu, hK), y[..., :P]), y[..., P:]], -1)
+        first = _first_big(u.detach(), hu)
+    return y
 
 def _causal_torch(u, K):
     "Steps 1 and 2 around `fft_conv` with torch operations (step 1 only, as masks, where values are hidden)."
     L = u.shape[-1]
+    if values_hidden(u) or values_hidden(K):  # torch.compile, meta tensors: no value-dependent branches
+        bad_u, bad_K = _bad_from(u, L), _bad_from(K, L)
+        y = fft_conv(u.masked_fill(bad_u, 0), K.masked_fill(bad_K[..., :K.shape[-1]], 0))
+        return y.masked_fill(bad_u, math.nan).masked_fill(bad_K, math.nan)
+    hu, hK = _absmax(u), _absmax(K)
+    if bool(torch.isfinite(hu).all() & torch.isfinite(hK).all()): return _guarded(u, K, hu, hK)  # the common case: no masks
     bad_u, bad_K = _bad_from(u, L), _bad_from(K, L)
     u, K = u.masked_fill(bad_u, 0), K.masked_fill(bad_K[..., :K.shape[-1]], 0)
-    y = fft_conv(u, K) if values_hidden(u) else _guarded(u, K)
+    y = _guarded(u, K, _absmax(u), _absmax(K))
     return y.masked_fill(bad_u, math.nan).masked_fill(bad_K, math.nan)
 
 # %% ../nbs/04_convolution.ipynb #e8a0f37e
@@ -269,7 +321,7 @@ def causal_conv(
     out, work = float_dtype(u, K), compute_dtype(u, K)  # integers give floats; half precision runs in float32
     u, K = u.to(work), K[..., :L].to(work)
     if math.prod(batch) == 0: return (torch.zeros(*batch, L, dtype=work, device=u.device) + 0 * (u.sum() + K.sum())).to(out)
-    cpu = ducc0 is not None and u.device.type == K.device.type == "cpu" and not work.is_complex and not values_hidden(u)
+    cpu = u.device.type == K.device.type == "cpu" and not work.is_complex and not (values_hidden(u) or values_hidden(K))
     return (_CPUCausalConv.apply(u, K) if cpu else _causal_torch(u, K)).to(out)
 
 # %% ../nbs/05_s4.ipynb #aa1d5fc0
@@ -355,9 +407,9 @@ def ssm_kernel_dplr(
         c128 = lambda x: x.to(torch.complex128)
         dA = discretize(_dplr_dense(c128(Lambda), c128(P)), c128(B), dt[..., 0].double(), "bilinear")[0]
         C = (c128(C) - (c128(C)[..., None, :] @ _matrix_power(dA, L))[..., 0, :]).to(ctype)
-    theta = -2 * math.pi * torch.arange(L, device=Lambda.device, dtype=torch.float64) / L
-    omega = torch.polar(torch.ones_like(theta), theta).to(ctype)  # (L,) the roots of unity
-    nyq = (1 + omega).abs() < 1e-6
+    k = torch.arange(L, device=Lambda.device, dtype=torch.float64)
+    omega = torch.polar(torch.ones_like(k), -2 * math.pi * k / L).to(ctype)  # (L,) the roots of unity
+    nyq = 2 * k == L  # omega = -1 exactly (even L only), whatever the precision
     omega_safe = torch.where(nyq, torch.zeros_like(omega), omega)  # any point away from -1; replaced below
     g = 2 / dt * (1 - omega_safe) / (1 + omega_safe)  # (..., L) warped frequencies
     m = _nearest_poles(Lambda.detach(), P.detach(), dt.detach(), L)  # (..., L) the pole left out at each frequency
@@ -374,6 +426,19 @@ def ssm_kernel_dplr(
     Khat = k_CB - (k_CP * sol[..., :r]).sum(-1) + at(C) * sol[..., r]
     Khat = torch.where(nyq, dt / 2 * (C * B).sum(-1, keepdim=True), 2 / (1 + omega_safe) * Khat)
     return to_precision(torch.fft.ifft(Khat, n=L), out)
+
+# %% ../nbs/05_s4.ipynb #a2d6b5f7
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+class _LargestTensor(TorchDispatchMode):
+    "Inside `with _LargestTensor() as m:`, `m.bytes` is the size of the largest tensor any torch operation has created."
+    def __init__(self): super().__init__(); self.bytes = 0
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, Tensor): self.bytes = max(self.bytes, t.numel() * t.element_size())
+        return out
 
 # %% ../nbs/06_diagonal.ipynb #831dd9c8
 from .checks import (check_tensor, check_last_dim, check_size, check_choice, broadcast_batch, float_dtype, compute_dtype,
@@ -436,6 +501,7 @@ def dss_kernel(
     z = Lambda * dt  # (..., N)
     if kind == "exp":  # (e^z - 1)/Lambda = dt phi1(z), also at Lambda = 0
         return ssm_kernel_diag(torch.exp(z), W * dt * phi1(z), torch.ones_like(W), L).real.to(real_dtype(out))
+    if not values_hidden(Lambda) and bool((Lambda == 0).any()): raise ValueError("Lambda must be nonzero for kind='softmax' (the kernel divides by it), got a zero eigenvalue")
     grow = z.real > 0
     s = torch.where(grow, -z, z)  # Re s <= 0: a growing mode is run backwards in time
     w = W / Lambda * phi1(s) / (L * phi1(s * L))  # 1 / sum_k e^{s k}

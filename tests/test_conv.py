@@ -1,5 +1,5 @@
 """ssm_course.conv and .inits: cross-checks against float64 loops (hypothesis), scipy, dense kernels, and bad input."""
-import math, numpy as np, pytest, torch
+import contextlib, math, numpy as np, pytest, torch
 from hypothesis import given, settings, strategies as st
 from scipy.signal import lfilter
 from ssm_course import conv
@@ -98,51 +98,77 @@ def test_kernel_diag_dtypes():
 
 # ---------------------------------------------------------------- causal_conv
 
+FFTS = ["ducc0", "torch.fft"]
+
+
+@contextlib.contextmanager
+def fft_backend(name):
+    "The CPU path's transforms: ducc0's (skipped where it is not installed) or torch.fft's (`conv.ducc0 = None`, as without it)."
+    saved = conv.ducc0
+    if name == "ducc0" and saved is None: pytest.skip("ducc0 is not installed (pip install 'ssm_course[fast]')")
+    if name == "torch.fft": conv.ducc0 = None
+    try: yield
+    finally: conv.ducc0 = saved
+
+
+def use_fft(name, monkeypatch):
+    "`fft_backend` for the rest of a test (monkeypatch undoes it)."
+    if name == "ducc0" and conv.ducc0 is None: pytest.skip("ducc0 is not installed (pip install 'ssm_course[fast]')")
+    if name == "torch.fft": monkeypatch.setattr(conv, "ducc0", None)
+
+
 @settings(max_examples=25, deadline=None)
 @given(L=st.integers(1, 400), LK=st.integers(1, 500), seed=st.integers(0, 10_000))
 def test_causal_conv_matches_lfilter(L, LK, seed):
     "An FIR filter is a causal convolution: scipy.signal.lfilter(K, 1, u) is the reference."
     rng = np.random.default_rng(seed)
     u, K = rng.standard_normal((2, L)), rng.standard_normal(LK)
-    y = causal_conv(torch.from_numpy(u), torch.from_numpy(K)).numpy()
-    np.testing.assert_allclose(y, lfilter(K, [1.0], u, axis=-1), atol=1e-10 * (1 + np.abs(K).sum()))
+    ref = lfilter(K, [1.0], u, axis=-1)
+    for fft in FFTS[int(conv.ducc0 is None):]:
+        with fft_backend(fft): y = causal_conv(torch.from_numpy(u), torch.from_numpy(K)).numpy()
+        np.testing.assert_allclose(y, ref, atol=1e-10 * (1 + np.abs(K).sum()))
 
 
 SHAPES = [((3, 5, 30), (5, 30)), ((30,), (4, 30)), ((2, 1, 30), (3, 20)), ((2, 3, 30), (2, 3, 30)), ((6, 30), (1, 30)), ((20, 33), (33,)), ((1,), (1,))]
 
 
+@pytest.mark.parametrize("fft", FFTS)
 @pytest.mark.parametrize("ushape,kshape", SHAPES)
-def test_causal_conv_paths_and_grad(ushape, kshape):
-    "The CPU (ducc0) path and the torch path both equal the direct sum, broadcasting included; gradients by gradcheck."
+def test_causal_conv_paths_and_grad(ushape, kshape, fft):
+    "The CPU path (ducc0 or torch.fft transforms) and the torch path equal the direct sum, broadcasting included; gradcheck."
     g = torch.Generator().manual_seed(0)
     u = torch.randn(ushape, generator=g, dtype=torch.float64)
     K = torch.randn(kshape, generator=g, dtype=torch.float64)
     ref = direct_sum(u, K)
-    torch.testing.assert_close(causal_conv(u, K), ref, rtol=1e-12, atol=1e-12)
+    with fft_backend(fft):
+        torch.testing.assert_close(causal_conv(u, K), ref, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(causal_conv(u.float(), K.float()), ref.float(), rtol=1e-5, atol=1e-5)
+        args = (u[..., :9].clone().requires_grad_(), K[..., :9].clone().requires_grad_())
+        assert torch.autograd.gradcheck(causal_conv, args)
+    if fft == "ducc0": return  # the torch path does not depend on it
     torch.testing.assert_close(conv._causal_torch(u, K[..., :u.shape[-1]]), ref, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(causal_conv(u.float(), K.float()), ref.float(), rtol=1e-5, atol=1e-5)
-    args = (u[..., :9].clone().requires_grad_(), K[..., :9].clone().requires_grad_())
-    assert torch.autograd.gradcheck(causal_conv, args)
     assert torch.autograd.gradcheck(conv._causal_torch, args)
 
 
-def test_causal_conv_many_rows():
+@pytest.mark.parametrize("fft", FFTS)
+def test_causal_conv_many_rows(fft):
     "More rows than one CPU block (8), a kernel shared by them: the blocked loop and its backward against the torch path."
     g = torch.Generator().manual_seed(1)
     u = torch.randn(3, 7, 100, generator=g, dtype=torch.float64, requires_grad=True)
     K = torch.randn(7, 100, generator=g, dtype=torch.float64, requires_grad=True)
     gy = torch.randn(3, 7, 100, generator=g, dtype=torch.float64)
-    y1 = causal_conv(u, K); g1 = torch.autograd.grad(y1, (u, K), gy)
+    with fft_backend(fft): y1 = causal_conv(u, K); g1 = torch.autograd.grad(y1, (u, K), gy)
     y2 = conv._causal_torch(u, K); g2 = torch.autograd.grad(y2, (u, K), gy)
     torch.testing.assert_close(y1, y2, rtol=1e-12, atol=1e-12)
     for a, b in zip(g1, g2): torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.parametrize("path", ["causal_conv", "torch"])
+@pytest.mark.parametrize("path", ["ducc0", "torch.fft", "torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
-def test_causal_conv_is_causal(path, dtype):
+def test_causal_conv_is_causal(path, dtype, monkeypatch):
     "Issue 13 item 7: a NaN, an inf or a huge value at t0 leaves y[:t0] as the prefix alone gives it; NaN from t0 on."
-    f = causal_conv if path == "causal_conv" else conv._causal_torch
+    if path != "torch": use_fft(path, monkeypatch)
+    f = conv._causal_torch if path == "torch" else causal_conv
     g = torch.Generator().manual_seed(2)
     u, K = torch.randn(2, 3, 300, generator=g, dtype=dtype), torch.randn(3, 300, generator=g, dtype=dtype) / 10
     tol = 1e-5 if dtype in (torch.float32, torch.complex64) else 1e-12
@@ -171,8 +197,10 @@ def test_causal_conv_huge_value_leak_is_gone():
     assert leak > 1e-4 and fixed < 1e-6
 
 
-def test_causal_conv_growing_input_recursion():
-    "A ramp and an exponentially growing input: several nested recomputations, still the direct sum."
+@pytest.mark.parametrize("fft", FFTS)
+def test_causal_conv_growing_input(fft, monkeypatch):
+    "A ramp and an exponentially growing input: several passes of step 2, still the direct sum."
+    use_fft(fft, monkeypatch)
     L = 200
     t = torch.arange(L, dtype=torch.float64)
     K = torch.randn(L, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
@@ -186,7 +214,9 @@ def test_causal_conv_growing_input_recursion():
         assert (err[scale == 0] == 0).all() and (err[scale > 0] / scale[scale > 0]).max() < 1e-5  # an output with no input is exactly 0
 
 
-def test_causal_conv_nonfinite_kernel():
+@pytest.mark.parametrize("fft", FFTS)
+def test_causal_conv_nonfinite_kernel(fft, monkeypatch):
+    use_fft(fft, monkeypatch)
     u = torch.randn(2, 3, 60, dtype=torch.float64)
     K = torch.randn(3, 60, dtype=torch.float64); K[1, 20] = math.inf
     for f in (causal_conv, conv._causal_torch):
@@ -195,13 +225,64 @@ def test_causal_conv_nonfinite_kernel():
         torch.testing.assert_close(y[:, 1, :20], direct_sum(u[:, 1, :20], K[1, :20]))
 
 
+def count_passes(monkeypatch):
+    "Wrap both paths' per-pass functions; the returned list collects the length of every pass."
+    calls = []
+    np_pass, scaled_conv = conv._np_pass, conv._scaled_conv
+    monkeypatch.setattr(conv, "_np_pass", lambda A, *a: (calls.append(A.shape[-1]), np_pass(A, *a))[1])
+    monkeypatch.setattr(conv, "_scaled_conv", lambda u, *a: (calls.append(u.shape[-1]), scaled_conv(u, *a))[1])
+    return calls
+
+
+@pytest.mark.parametrize("path", ["ducc0", "torch.fft", "torch"])
+@pytest.mark.parametrize("case", ["exp float64", "2^t float64", "exp float32", "ordinary float32"])
+def test_causal_conv_passes_are_bounded(path, case, monkeypatch):
+    "Step 2 is a loop of at most 1 + ceil(log16(max/min nonzero |u|)) passes (each pass's largest input < 1/16 of the last's),"
+    " and its outputs are the direct sums to rounding of each output's own scale sum_s |K_s u_(t-s)|."
+    g = torch.Generator().manual_seed(7)
+    if case == "exp float64": L, u, dt = 4096, torch.exp(torch.arange(4096, dtype=torch.float64) / 25), torch.float64
+    elif case == "2^t float64": L, u, dt = 2000, torch.exp2(torch.arange(2000, dtype=torch.float64) - 1000), torch.float64  # 2^-1000 .. 2^999
+    elif case == "exp float32": L, u, dt = 4096, torch.exp(torch.arange(4096, dtype=torch.float64) / 50 - 40).float(), torch.float32
+    else: L, u, dt = 4096, torch.randn(3, 4096, generator=g), torch.float32
+    K = (torch.randn(L, generator=g, dtype=torch.float64) / math.sqrt(L)).to(dt)
+    un, Kn = u.double().numpy().reshape(-1, L), K.double().numpy()
+    ref = np.stack([np.convolve(r, Kn)[:L] for r in un]); scale = np.stack([np.convolve(np.abs(r), np.abs(Kn))[:L] for r in un])
+    if path != "torch": use_fft(path, monkeypatch)
+    calls = count_passes(monkeypatch)
+    y = conv._causal_torch(u, K) if path == "torch" else causal_conv(u, K)
+    a = u.abs().double()
+    bound = 1 + math.ceil((math.log2(a.max()) - math.log2(a[a > 0].min())) / 4)
+    assert len(calls) <= bound, (len(calls), bound)
+    if case == "ordinary float32": assert len(calls) <= 2 and sum(calls) < 1.01 * L
+    if case.startswith("exp"): assert len(calls) >= bound - 2  # the worst case really is exercised
+    tol = 1e-13 if dt == torch.float64 else 3e-5  # float32: observed 1.4e-5 (early outputs are small next to the FFT's rounding)
+    assert (np.abs(y.double().numpy().reshape(-1, L) - ref) / np.where(scale > 0, scale, 1)).max() < tol
+
+
+@pytest.mark.parametrize("path", ["ducc0", "torch.fft", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_causal_conv_near_overflow(path, dtype, monkeypatch):
+    "Finite outputs stay finite for inputs or taps far below the largest float (fft_conv's spectra overflow there)."
+    g = torch.Generator().manual_seed(8)
+    u, K = torch.randn(2, 3, 500, generator=g, dtype=dtype), torch.randn(3, 500, generator=g, dtype=dtype) / 20
+    clean = conv.fft_conv(u, K)
+    for su, sK in [(1e35, 1.0), (1.0, 1e35), (1e18, 1e18)] if dtype == torch.float32 else [(1e306, 1.0), (1.0, 1e306), (1e160, 1e146)]:
+        assert not torch.isfinite(conv.fft_conv(u * su, K * sK)).all()
+        if path != "torch": use_fft(path, monkeypatch)
+        y = conv._causal_torch(u * su, K * sK) if path == "torch" else causal_conv(u * su, K * sK)
+        assert torch.isfinite(y).all()
+        assert ((y / su / sK - clean).abs().max() / clean.abs().max()).item() < (1e-6 if dtype == torch.float32 else 1e-14)
+
+
 def test_causal_conv_dtypes_and_empty():
     torch.testing.assert_close(causal_conv(torch.arange(5), torch.tensor([1, 1])), torch.tensor([0.0, 1.0, 3.0, 5.0, 7.0]))
     for half in (torch.float16, torch.bfloat16):
         u, K = torch.randn(2, 40).to(half), torch.randn(40).to(half)
         y = causal_conv(u, K)
         assert y.dtype == half
-        torch.testing.assert_close(y.float(), direct_sum(u.double(), K.double()).float(), rtol=2e-2, atol=2e-2)
+        ref = direct_sum(u.double(), K.double())  # float32 inside, then one rounding to half (half an ulp: 2^-11 or 2^-8)
+        ulp = 2.0 ** -11 if half == torch.float16 else 2.0 ** -8
+        assert ((y.double() - ref).abs() <= ulp * ref.abs() + 1e-5 * ref.abs().max()).all()
     u = torch.zeros(0, 5, 40, requires_grad=True)
     y = causal_conv(u, torch.randn(5, 40))
     assert y.shape == (0, 5, 40)
@@ -402,6 +483,7 @@ BAD = [
     (lambda: dss_kernel(Ld, Bd1, 0.0, 8, kind="softmax"), ValueError, "dt"),
     (lambda: dss_kernel(Ld, Bd1, -1.0, 8), ValueError, "dt"),
     (lambda: dss_kernel(Ld, Bd1[:2], 0.1, 8), ValueError, "W"),
+    (lambda: dss_kernel(torch.zeros(2, dtype=torch.complex64), Bd1[:2], 0.1, 8, kind="softmax"), ValueError, "Lambda"),
     (lambda: s4d_init("legs", 7), ValueError, "N"),
     (lambda: s4d_init("legs", 8.0), TypeError, "N"),
     (lambda: s4d_init("fourier", 8), ValueError, "kind"),
@@ -413,3 +495,12 @@ BAD = [
 def test_bad_input(call, exc, name):
     with pytest.raises(exc, match=rf"\b{name}\b"):
         call()
+
+
+def test_ducc0_is_optional():
+    "ducc0 only speeds up causal_conv's CPU path: not a core dependency, but in the `fast` extra (and dev, bench, course)."
+    import tomllib
+    from conftest import ROOT
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not any(r.startswith("ducc0") for r in proj["dependencies"])
+    assert all("ducc0" in proj["optional-dependencies"][extra] for extra in ("fast", "dev", "bench", "course"))
