@@ -105,6 +105,7 @@ try: import ducc0  # optional (`pip install "ssm_course[fast]"`): pocketfft's su
 except ImportError: ducc0 = None  # then the CPU path transforms with torch.fft; tests set this to None to force that
 
 _GUARD = 16.0  # an input more than _GUARD times larger than every earlier input takes no part in the earlier outputs
+_CPU_MIN_L, _CPU_MIN_SIZE = 1024, 2**18  # the CPU path runs for rows at least this long and batches at least this big
 _ROWS = 8  # FFT rows per block of the CPU path: ducc0 vectorizes across them, and 8 rows of 2L samples stay in cache
 
 def _huge(dtype):
@@ -322,6 +323,7 @@ def causal_conv(
     u, K = u.to(work), K[..., :L].to(work)
     if math.prod(batch) == 0: return (torch.zeros(*batch, L, dtype=work, device=u.device) + 0 * (u.sum() + K.sum())).to(out)
     cpu = u.device.type == K.device.type == "cpu" and not work.is_complex and not (values_hidden(u) or values_hidden(K))
+    cpu = cpu and L >= _CPU_MIN_L and math.prod(batch) * L >= _CPU_MIN_SIZE  # the row loop pays off only for long rows, big batches
     return (_CPUCausalConv.apply(u, K) if cpu else _causal_torch(u, K)).to(out)
 
 # %% ../nbs/05_s4.ipynb #aa1d5fc0

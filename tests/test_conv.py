@@ -104,17 +104,19 @@ FFTS = ["ducc0", "torch.fft"]
 @contextlib.contextmanager
 def fft_backend(name):
     "The CPU path's transforms: ducc0's (skipped where it is not installed) or torch.fft's (`conv.ducc0 = None`, as without it)."
-    saved = conv.ducc0
-    if name == "ducc0" and saved is None: pytest.skip("ducc0 is not installed (pip install 'ssm_course[fast]')")
+    saved = conv.ducc0, conv._CPU_MIN_L, conv._CPU_MIN_SIZE
+    if name == "ducc0" and saved[0] is None: pytest.skip("ducc0 is not installed (pip install 'ssm_course[fast]')")
     if name == "torch.fft": conv.ducc0 = None
+    conv._CPU_MIN_L = conv._CPU_MIN_SIZE = 0  # the CPU path also for the small shapes of these tests
     try: yield
-    finally: conv.ducc0 = saved
+    finally: conv.ducc0, conv._CPU_MIN_L, conv._CPU_MIN_SIZE = saved
 
 
 def use_fft(name, monkeypatch):
     "`fft_backend` for the rest of a test (monkeypatch undoes it)."
     if name == "ducc0" and conv.ducc0 is None: pytest.skip("ducc0 is not installed (pip install 'ssm_course[fast]')")
     if name == "torch.fft": monkeypatch.setattr(conv, "ducc0", None)
+    monkeypatch.setattr(conv, "_CPU_MIN_L", 0); monkeypatch.setattr(conv, "_CPU_MIN_SIZE", 0)  # the CPU path also for small shapes
 
 
 @settings(max_examples=25, deadline=None)
