@@ -51,11 +51,11 @@ def scan_sequential(
     return torch.stack(out, -1)
 
 # %% ../nbs/07_scan.ipynb #579a24d4
-def _no_inf(A):
-    "Products of decays that overflow to ±inf are kept at the largest finite value, so that inf times a zero state cannot make NaN."
-    if A.is_complex(): return A
-    big = torch.finfo(A.dtype).max
-    return A.nan_to_num(nan=math.nan, posinf=big, neginf=-big)
+def _mul(x, y):
+    "$x y$, except that an overflowed product ($\\pm\\infty$) times an exact zero is 0 rather than NaN (real values; NaN inputs stay NaN)."
+    p = x * y
+    if p.is_complex(): return p
+    return torch.where(p.isnan() & ~x.isnan() & ~y.isnan(), 0.0, p)
 
 def scan_parallel(
     a:Tensor, # decays $a_t$, (..., L)
@@ -68,8 +68,8 @@ def scan_parallel(
     if h0 is not None: X = torch.cat([X[..., :1] + A[..., :1] * h0.to(dtype)[..., None], X[..., 1:]], -1)  # fold h_{-1} into b_0
     d = 1
     while d < shape[-1]:
-        X = torch.cat([X[..., :d], A[..., d:] * X[..., :-d] + X[..., d:]], -1)  # (A, X)_{t-d} then (A, X)_t
-        A = _no_inf(torch.cat([A[..., :d], A[..., d:] * A[..., :-d]], -1))
+        X = torch.cat([X[..., :d], _mul(A[..., d:], X[..., :-d]) + X[..., d:]], -1)  # (A, X)_{t-d} then (A, X)_t
+        A = torch.cat([A[..., :d], _mul(A[..., d:], A[..., :-d])], -1)
         d *= 2
     return X
 
@@ -87,31 +87,32 @@ def scan_chunked(
     L = shape[-1]
     T = _auto_chunk(L) if chunk is None else check_size(chunk, "chunk")
     nc, pad = -(-L // T), -L % T
-    a = F.pad(a.to(dtype).expand(shape), (0, pad), value=1.0).unflatten(-1, (nc, T))  # (..., nc, T), padded with
-    b = F.pad(b.to(dtype).expand(shape), (0, pad), value=0.0).unflatten(-1, (nc, T))  # the identity pair (1, 0)
+    a, b = a.to(dtype).expand(shape), b.to(dtype).expand(shape)
+    if h0 is not None: b = torch.cat([b[..., :1] + a[..., :1] * h0.to(dtype)[..., None], b[..., 1:]], -1)  # fold h_{-1} into b_0
+    a = F.pad(a, (0, pad), value=1.0).unflatten(-1, (nc, T))  # (..., nc, T), padded with
+    b = F.pad(b, (0, pad), value=0.0).unflatten(-1, (nc, T))  # the identity pair (1, 0)
     hs, ps = [b[..., 0]], [a[..., 0]]
     for t in range(1, T):  # 1. local scans from zero, and running products, in every chunk at once
-        hs.append(a[..., t] * hs[-1] + b[..., t]); ps.append(_no_inf(a[..., t] * ps[-1]))
+        hs.append(_mul(a[..., t], hs[-1]) + b[..., t]); ps.append(_mul(a[..., t], ps[-1]))
     hl, P = torch.stack(hs, -1), torch.stack(ps, -1)  # (..., nc, T)
-    ends = (scan_chunked(P[..., -1], hl[..., -1], h0, T) if nc > T > 1 else scan_sequential(P[..., -1], hl[..., -1], h0))  # 2. chunk ends
-    zero = torch.zeros_like(ends[..., :1]) if h0 is None else h0.to(dtype).expand(shape[:-1])[..., None]
-    enter = torch.cat([zero, ends[..., :-1]], -1)  # the true state entering each chunk
-    return (hl + P * enter[..., None]).flatten(-2)[..., :L]  # 3. fix-up: h_t = local h_t + (product so far) * entering state
+    if nc == 1: return hl.flatten(-2)[..., :L]  # one chunk: its local scan is the answer
+    ends = scan_chunked(P[..., -1], hl[..., -1], None, T) if T > 1 else scan_sequential(P[..., -1], hl[..., -1])  # 2. chunk ends
+    enter = torch.cat([torch.zeros_like(ends[..., :1]), ends[..., :-1]], -1)  # the true state entering each chunk
+    return (hl + _mul(P, enter[..., None])).flatten(-2)[..., :L]  # 3. fix-up: h_t = local h_t + (product so far) * entering state
 
 # %% ../nbs/07_scan.ipynb #5e3b9a41
-def _sweep(A, X, big=None):
-    "In place: inclusive scan of time-major pairs (A, X), shape (T, m), along dim 0; T a power of two. `big`: clamp products."
+def _sweep(A, X, safe:bool=False):
+    "In place: inclusive scan of time-major pairs (A, X), shape (T, m), along dim 0; T a power of two. `safe`: multiply with `_mul`."
     T, d = A.shape[0], 1
+    def absorb(i, j):  # pair i absorbs pair j before it: (A, X)_j then (A, X)_i
+        if safe: X[i] += _mul(A[i], X[j]); A[i] = _mul(A[i], A[j])
+        else: X[i].addcmul_(A[i], X[j]); A[i].mul_(A[j])
     while d < T:  # up-sweep: the right element of each pair absorbs the left one
-        r, l = slice(2 * d - 1, T, 2 * d), slice(d - 1, T, 2 * d)
-        X[r].addcmul_(A[r], X[l]); A[r].mul_(A[l])
-        if big: A[r].nan_to_num_(nan=math.nan, posinf=big, neginf=-big)
+        absorb(slice(2 * d - 1, T, 2 * d), slice(d - 1, T, 2 * d))
         d *= 2
     d = T // 4
     while d >= 1:  # down-sweep (inclusive): the left element of each next pair absorbs the complete prefix before it
-        l, p = slice(3 * d - 1, T, 2 * d), slice(2 * d - 1, T - d, 2 * d)
-        X[l].addcmul_(A[l], X[p]); A[l].mul_(A[p])
-        if big: A[l].nan_to_num_(nan=math.nan, posinf=big, neginf=-big)
+        absorb(slice(3 * d - 1, T, 2 * d), slice(2 * d - 1, T - d, 2 * d))
         d //= 2
 
 def _rows(x, shape):
@@ -122,7 +123,7 @@ def _rows(x, shape):
     own = xb.reshape(-1, x.shape[-1])
     return own, torch.arange(own.shape[0], device=x.device).view(xb.shape[:-1]).expand(batch).reshape(R)
 
-def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False, clamp=False):
+def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False, safe=False):
     "The tuned scan: blocks of about `block` elements, each transposed into a time-major workspace, swept in place, fixed up, written back."
     *batch, L = shape
     R = math.prod(batch)
@@ -134,7 +135,6 @@ def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False, clamp=
     out = torch.empty(R, L, dtype=dtype, device=b.device)
     wa = torch.empty(T, rb * nc, dtype=dtype, device=b.device); wx = torch.empty_like(wa)  # the workspace, reused by every block
     stage = None
-    big = torch.finfo(dtype).max if clamp and not dtype.is_complex else None
     for r0 in range(0, R, rb):
         r1 = min(R, r0 + rb); n = r1 - r0; m = n * nc
         A, X = wa[:, :m], wx[:, :m]  # (T, m): row t holds position t of every chunk of the block
@@ -146,13 +146,13 @@ def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False, clamp=
             s = stage[:n]
             s[:, :L].copy_(xs.flip(-1) if reverse else xs); s[:, L:] = pad  # identity pairs (1, 0) pad the last chunk
             W.copy_(s.view(m, T).t())
-        _sweep(A, X, big)  # 2. local inclusive scans of every chunk
-        hin = None if h2 is None else h2[r0:r1]
-        if nc > 1:  # 3. true states at the chunk ends (the same scan, on 1/T of the data), then the fix-up
-            ends = _scan_cpu(A[-1].view(n, nc), X[-1].view(n, nc), hin, (n, nc), dtype, T, block, clamp=True)
-            zero = torch.zeros_like(ends[:, :1]) if hin is None else hin[:, None]
-            X.addcmul_(A, torch.cat([zero, ends[:, :-1]], 1).view(1, m))
-        elif hin is not None: X.addcmul_(A, hin.view(1, m))
+        if h2 is not None: X[0].view(n, nc)[:, 0].addcmul_(A[0].view(n, nc)[:, 0], h2[r0:r1])  # fold h_{-1} into b_0
+        _sweep(A, X, safe)  # 2. local inclusive scans of every chunk
+        if nc > 1:  # 3. true states at the chunk ends (the same scan, on 1/T of the data, with _mul: products may overflow), then the fix-up
+            ends = _scan_cpu(A[-1].view(n, nc), X[-1].view(n, nc), None, (n, nc), dtype, T, block, safe=True)
+            enter = torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1).view(1, m)
+            if safe: X += _mul(A, enter)
+            else: X.addcmul_(A, enter)
         if Lp == L and not reverse: out[r0:r1].view(m, T).copy_(X.t()); continue  # 4. store (transposing back)
         if stage is None: stage = torch.empty(rb, Lp, dtype=dtype, device=b.device)
         s = stage[:n]
@@ -201,13 +201,13 @@ def _scan_traced(a, b, h0, shape, dtype, reverse=False, T=16, rounds=24):
     A = F.pad(a, (0, nc * T - L), value=1.0).unflatten(-1, (nc, T))
     X = F.pad(b, (0, nc * T - L), value=0.0).unflatten(-1, (nc, T))
     hs, ps = [X[..., 0]], [A[..., 0]]
-    for t in range(1, T): hs.append(A[..., t] * hs[-1] + X[..., t]); ps.append(A[..., t] * ps[-1])  # local scans, T fixed
+    for t in range(1, T): hs.append(A[..., t] * hs[-1] + X[..., t]); ps.append(A[..., t] * ps[-1])  # local scans, T fixed (16 decays: finite)
     hl, P = torch.stack(hs, -1), torch.stack(ps, -1)
     Pe, He, idx = P[..., -1], hl[..., -1], torch.arange(nc, device=b.device)
     if h0 is not None: He = He + torch.where(idx == 0, Pe * h0.to(dtype)[..., None], 0)
     for k in range(rounds):  # chunk ends: Hillis-Steele with a fixed number of rounds (up to 2^24 chunks)
-        He = He + Pe * torch.where(idx >= 2**k, He.roll(2**k, -1), 0)
-        Pe = _no_inf(Pe * torch.where(idx >= 2**k, Pe.roll(2**k, -1), 1))
+        He = He + _mul(Pe, torch.where(idx >= 2**k, He.roll(2**k, -1), 0))
+        Pe = _mul(Pe, torch.where(idx >= 2**k, Pe.roll(2**k, -1), 1))
     zero = torch.zeros_like(He[..., :1]) if h0 is None else h0.to(dtype).expand(shape[:-1])[..., None]
     h = (hl + P * torch.cat([zero, He[..., :-1]], -1)[..., None]).flatten(-2)[..., :L]
     return h.flip(-1) if reverse else h

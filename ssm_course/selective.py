@@ -170,14 +170,22 @@ def _selective_forward(u, delta, A, B, C, x0, T):
         if s + k < l: starts.append(x)
     return y, x, starts, T
 
+# %% ../nbs/08_selective.ipynb #r5c0a001
+def _selective_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state, chunk):
+    "`backend='triton'`: notebook 11's forward and backward kernels (bias, softplus, D and the z gate fused), real A, computed in float32."
+    if A.is_complex(): raise ValueError("backend='triton' handles a real A only (the kernels have no complex state); use backend='torch' for complex A")
+    if u.dtype == torch.float64: raise ValueError("backend='triton' computes in float32, got u in float64; use backend='torch' for float64")
+    from ssm_course.triton_ssm import selective_scan_triton  # imported only when asked for
+    f32 = lambda X: None if X is None else X.to(torch.float32)  # float64 B/C/... with float32 u: float32, as the PyTorch path computes
+    return selective_scan_triton(u, f32(delta), f32(A), f32(B), f32(C), f32(D), f32(z), f32(delta_bias), delta_softplus, return_last_state, f32(initial_state), chunk)
+
+
 # %% ../nbs/08_selective.ipynb #b8c9d0e1
 class _SelectiveScan(torch.autograd.Function):
+    "The chunked core in PyTorch: the forward stores the inputs and the chunk-boundary states, the backward recomputes one chunk at a time."
     @staticmethod
-    def forward(ctx, u, delta, A, B, C, x0, T, use_triton):
-        if use_triton:
-            from ssm_course.triton_ssm import selective_forward_triton  # notebook 11: same outputs, computed by a kernel
-            y, last, starts, T = selective_forward_triton(u, delta, A, B, C, x0, T)
-        else: y, last, starts, T = _selective_forward(u, delta, A, B, C, x0, T)  # _forward_torch, time-major (folded cell above)
+    def forward(ctx, u, delta, A, B, C, x0, T):
+        y, last, starts, T = _selective_forward(u, delta, A, B, C, x0, T)  # _forward_torch, time-major (folded cell above)
         ctx.T, ctx.has_x0 = T, x0 is not None
         ctx.save_for_backward(u, delta, A, B, C, *[x for x in starts if x is not None])  # boundary states only
         return y, last
@@ -203,7 +211,7 @@ class _SelectiveScan(torch.autograd.Function):
                 if k in ("u", "delta") or (k in ("B", "C") and grads[k].dim() > 2): grads[k][..., sl] += gk
                 else: grads[k] += gk
             g_state = got[5] if x0 is not None else None
-        return grads["u"], grads["delta"], grads["A"], grads["B"], grads["C"], g_state, None, None
+        return grads["u"], grads["delta"], grads["A"], grads["B"], grads["C"], g_state, None
 
 def selective_scan(
     u:Tensor, # input, (b, d, l)
@@ -225,8 +233,8 @@ def selective_scan(
     chunk = check_size(chunk, "chunk")
     dtype_in, work = u.dtype, _work_dtype(u)
     cplx = A.is_complex()
-    kernel_ok = work == torch.float32 and not cplx
-    use_triton = resolve_backend(backend, u, has_triton=backend == "triton" or kernel_ok, name="selective_scan") == "triton"
+    if resolve_backend(backend, u, has_triton=backend == "triton" or (work == torch.float32 and not cplx), name="selective_scan") == "triton":
+        return _selective_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state, chunk)
     ctype = torch.complex128 if work == torch.float64 else torch.complex64
     delta = delta.to(work)
     if delta_bias is not None: delta = delta + delta_bias.to(work)[:, None]
@@ -234,8 +242,8 @@ def selective_scan(
     A = A.to(ctype if cplx else work)
     B, C = B.to(A.dtype), C.to(A.dtype)
     x0 = None if initial_state is None else initial_state.to(A.dtype)
-    if torch.compiler.is_compiling() and not use_triton: y, last = _chunk(u.to(work), delta, A, B, C, x0)  # dynamic shapes: one chunk
-    else: y, last = _SelectiveScan.apply(u.to(work), delta, A, B, C, x0, chunk, use_triton)
+    if torch.compiler.is_compiling(): y, last = _chunk(u.to(work), delta, A, B, C, x0)  # dynamic shapes: one chunk
+    else: y, last = _SelectiveScan.apply(u.to(work), delta, A, B, C, x0, chunk)
     if y.is_complex(): y = 2 * y.real
     if D is not None: y = y + u.to(work) * D.to(work)[:, None]
     if z is not None: y = y * F.silu(z.to(work))

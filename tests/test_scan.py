@@ -239,3 +239,41 @@ def test_bad_input_extra(call, exc, word):
     with pytest.raises(exc, match=rf"\b{word}\b"):
         call()
 
+
+
+# ---- overflowing products (issue 13 item 6, review R-scan): exact, or non-finite, never a wrong finite number ------------------
+def test_tiny_initial_state_across_overflowing_products():
+    "h0 = 1e-30 with a = 2 over 200 steps: the exact state 2^200 * 1e-30 is finite; h0 is folded into b_0, never multiplied by a product."
+    a, b, h0 = torch.full((1, 200), 2.0), torch.zeros(1, 200), torch.tensor([1e-30])
+    exact = 2.0 ** torch.arange(1, 201, dtype=torch.float64) * h0.double()
+    for f in (scan, scan_chunked, lambda *x: scan_chunked(*x, chunk=3)):
+        assert torch.equal(f(a, b, h0)[0].double(), exact)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), L=st.integers(1, 400), hi=st.sampled_from([1.5, 2.0, 3.0, 3.9]), p_zero_a=st.floats(0, 0.3),
+       p_zero_b=st.floats(0, 0.95), with_h0=st.booleans())
+def test_growing_decays_exact_or_nonfinite(seed, L, hi, p_zero_a, p_zero_b, with_h0):
+    "Positive decays in [0, hi) (some exactly 0) and positive inputs spanning 13 decades (many exactly 0): every finite output is the loop's."
+    g = torch.Generator().manual_seed(seed)
+    a = torch.rand(2, L, generator=g) * hi
+    a[torch.rand(2, L, generator=g) < p_zero_a] = 0.0
+    b = torch.rand(2, L, generator=g) * torch.exp(-30 * torch.rand(2, L, generator=g))
+    b[torch.rand(2, L, generator=g) < p_zero_b] = 0.0
+    h0 = torch.rand(2, generator=g) * 1e-20 if with_h0 else None
+    ref = scan_sequential(a.double(), b.double(), None if h0 is None else h0.double())
+    for f in (scan, scan_parallel, scan_chunked, lambda *x: scan_chunked(*x, chunk=5)):
+        h = f(a, b, h0).double()
+        fin = torch.isfinite(h)
+        assert not (fin & (ref.abs() > 1e39)).any()  # a true overflow is not hidden
+        inrange = fin & (ref.abs() < 1e37)
+        assert ((h - ref).abs() <= 1e-4 * ref.abs() + 1e-37)[inrange].all()
+
+
+@pytest.mark.parametrize("dtype,ok,bad", [(torch.float32, 3.999, 4.0), (torch.float64, 65535.0, 65536.0)])
+def test_within_chunk_limit(dtype, ok, bad):
+    "scan's products of 64 consecutive decays must be finite: float32 |a| < 4 (4^64 = 2^128), float64 |a| < 2^16."
+    b = torch.zeros(1, 200, dtype=dtype); b[0, -5:] = 1
+    good = scan(torch.full((1, 200), ok, dtype=dtype), b)
+    torch.testing.assert_close(good, scan_sequential(torch.full((1, 200), ok, dtype=torch.float64), b.double()).to(dtype))
+    assert not torch.isfinite(scan(torch.full((1, 200), bad, dtype=dtype), b)).all()

@@ -230,3 +230,52 @@ def test_selective_half_and_meta():
     assert yh.dtype == torch.bfloat16 and torch.equal(yh, selective_scan(**{**kw, "u": kw["u"].bfloat16().float()}).bfloat16())
     ym = selective_scan(**{k: v.to("meta") for k, v in kw.items()})
     assert ym.shape == kw["u"].shape and ym.device.type == "meta"
+
+
+# ---- selective_scan(backend="triton"): notebook 11's full op (forward and backward kernels) --------------------------
+TRITON_DISPATCH = r'''
+import torch
+from ssm_course.selective import selective_scan, selective_scan_ref
+import ssm_course.triton_ssm as ts
+calls, full_op = [], ts.selective_scan_triton
+ts.selective_scan_triton = lambda *a, **k: (calls.append(1), full_op(*a, **k))[1]  # count the calls of the full op
+def rel(x, ref): return ((x.double() - ref).abs().max() / ref.abs().max()).item()
+worst = {}
+for seed, (layB, layC) in enumerate([(2, 3), (3, 4), (4, 2)]):
+    g = torch.Generator().manual_seed(seed)
+    b, d, n, l = 2, 4, 3, 21
+    shape = lambda lay: {2: (d, n), 3: (b, n, l), 4: (b, 2, n, l)}[lay]
+    kw = dict(u=torch.randn(b, d, l, generator=g), delta=torch.randn(b, d, l, generator=g), A=-torch.rand(d, n, generator=g) - 0.1,
+              B=torch.randn(*shape(layB), generator=g), C=torch.randn(*shape(layC), generator=g), D=torch.randn(d, generator=g),
+              z=torch.randn(b, d, l, generator=g), delta_bias=torch.randn(d, generator=g), initial_state=torch.randn(b, d, n, generator=g))
+    w, ws = torch.randn(b, d, l, generator=g), torch.randn(b, d, n, generator=g)
+    out = {}
+    for name, f, dtype, extra in [("triton", selective_scan, torch.float32, dict(backend="triton", chunk=16)), ("torch", selective_scan, torch.float32, dict(backend="torch", chunk=16)),
+                                  ("ref64", selective_scan_ref, torch.float64, {})]:
+        leaves = {k: v.detach().to(dtype).clone().requires_grad_() for k, v in kw.items()}
+        y, s = f(**leaves, delta_softplus=True, return_last_state=True, **extra)
+        ((y * w.to(dtype)).sum() + (s * ws.to(dtype)).sum()).backward()
+        out[name] = [y, s] + [leaves[k].grad for k in kw]
+    for other in ("ref64", "torch"):
+        for i, (x, r) in enumerate(zip(out["triton"], out[other])):
+            worst[other] = max(worst.get(other, 0.0), rel(x, r.double()))
+cplx = dict(u=torch.randn(1, 2, 5), delta=torch.randn(1, 2, 5), A=torch.complex(-torch.ones(2, 3), torch.ones(2, 3)), B=torch.randn(2, 3, dtype=torch.complex64), C=torch.randn(2, 3, dtype=torch.complex64))
+errors = []
+for bad in (cplx, {**kw, "u": kw["u"].double()}):
+    try: selective_scan(**{k: v.detach() for k, v in bad.items()}, backend="triton"); errors.append(None)
+    except ValueError as e: errors.append(str(e))
+auto = selective_scan(**cplx)  # "auto" on CPU tensors: PyTorch
+print(repr((worst, errors, bool(torch.isfinite(auto).all()), len(calls))))
+'''
+
+
+def test_triton_backend_is_notebook_11s_full_op():
+    "backend='triton' runs selective_scan_triton (forward and backward kernels) in Triton's interpreter: equal to the float64 reference and to backend='torch'; complex A and float64 are refused by name."
+    pytest.importorskip("triton")
+    import subprocess, sys, os
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", TRITON_DISPATCH], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    worst, errors, auto_finite, calls = eval(res.stdout.strip().splitlines()[-1])
+    assert calls == 3 and worst["ref64"] < 1.5e-6 and worst["torch"] < 1.5e-6, (calls, worst)  # observed 6.3e-7 and 7.4e-7
+    assert "real A" in errors[0] and "float64" in errors[1] and auto_finite, errors
