@@ -156,17 +156,21 @@ def test_device_placement_with_meta_standing_in_for_a_gpu():
 def test_device_choice_and_distributed_backend(monkeypatch):
     "None/'auto' picks CUDA when available; under torchrun each rank takes LOCAL_RANK's GPU and NCCL, and CPU tensors get gloo."
     calls = []
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert train._device(None) == train._device("auto") == torch.device("cpu")
     assert train._backend(train._setup_device("auto", distributed=True)) == "gloo"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_device", calls.append)
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    assert train._device(None) == torch.device("cuda", 0) and train._setup_device("auto", distributed=False) == torch.device("cuda", 0)
-    d = train._setup_device("auto", distributed=True)
-    assert d == torch.device("cuda", 1) and calls == [torch.device("cuda", 1)] and train._backend(d) == "nccl"
-    assert train._setup_device("cpu", distributed=True) == torch.device("cpu") and train._backend("cpu") == "gloo" and len(calls) == 1
+    assert train._device(None) == train._device("cuda") == torch.device("cuda", 0) and train._device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")  # as torchrun sets it
+    assert train._device(None) == torch.device("cuda", 1)  # also when a script builds the Trainer without main()
+    for name, want in [("auto", 1), ("cuda", 1), ("cuda:0", 0)]:  # an explicit index is the user's choice
+        d = train._setup_device(name, distributed=True)
+        assert d == torch.device("cuda", want) and calls[-1] == d and train._backend(d) == "nccl", name
+    n = len(calls)
+    assert train._setup_device("cpu", distributed=True) == torch.device("cpu") and train._backend("cpu") == "gloo" and len(calls) == n
 
 
 def test_cli_device_and_bf16_autocast_on_cpu(capsys):
