@@ -140,6 +140,8 @@ def test_trainer_data_is_checked():
                               (torch.randint(0, 4, (10, 3)), ValueError, "do not match the model output")]:
         with pytest.raises(err, match=msg): Trainer(m, (x, targets), steps=1, batch_size=2).train_step()
     with pytest.raises(ValueError, match="eval_data"): Trainer(m, (x, y), steps=1, eval_data=(x, torch.full((10,), 9))).evaluate()
+    with pytest.raises(TypeError, match="integer token ids"): Trainer(m, (x.float(), y), steps=1, batch_size=2).train_step()  # not Embedding's raw error
+    with pytest.raises(ValueError, match=r"token ids in \[0, 4\)"): Trainer(m, (x + 4, y), steps=1, batch_size=2).train_step()
 
 
 def test_device_placement_with_meta_standing_in_for_a_gpu():
