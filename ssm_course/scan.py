@@ -54,7 +54,7 @@ def scan_sequential(
 def _mul(x, y):
     "$x y$, except that an overflowed product ($\\pm\\infty$) times an exact zero is 0 rather than NaN (real values; NaN inputs stay NaN)."
     p = x * y
-    if p.is_complex(): return p
+    if p.is_complex() or not (values_hidden(p) or bool(p.isnan().any())): return p  # the usual case: nothing to repair
     return torch.where(p.isnan() & ~x.isnan() & ~y.isnan(), 0.0, p)
 
 def scan_parallel(
@@ -74,7 +74,9 @@ def scan_parallel(
     return X
 
 # %% ../nbs/07_scan.ipynb #d87130aa
-def _auto_chunk(L): return max(2, min(64, 2 ** round(math.log2(math.sqrt(L))))) if L > 2 else 2
+def _auto_chunk(L):
+    "The default chunk length: the power of two nearest $\\sqrt{L}$, between 2 and 64."
+    return max(2, min(64, 2 ** round(math.log2(math.sqrt(L))))) if L > 2 else 2
 
 def scan_chunked(
     a:Tensor, # decays $a_t$, (..., L) (or (..., 1): time-invariant)
@@ -148,8 +150,9 @@ def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False, safe=F
             W.copy_(s.view(m, T).t())
         if h2 is not None: X[0].view(n, nc)[:, 0].addcmul_(A[0].view(n, nc)[:, 0], h2[r0:r1])  # fold h_{-1} into b_0
         _sweep(A, X, safe)  # 2. local inclusive scans of every chunk
-        if nc > 1:  # 3. true states at the chunk ends (the same scan, on 1/T of the data, with _mul: products may overflow), then the fix-up
-            ends = _scan_cpu(A[-1].view(n, nc), X[-1].view(n, nc), None, (n, nc), dtype, T, block, safe=True)
+        if nc > 1:  # 3. true states at the chunk ends (the same scan on 1/T of the data; _mul unless no product can exceed 1), then the fix-up
+            Ae = A[-1].view(n, nc)
+            ends = _scan_cpu(Ae, X[-1].view(n, nc), None, (n, nc), dtype, T, block, safe=not bool((Ae.abs() <= 1).all()))
             enter = torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1).view(1, m)
             if safe: X += _mul(A, enter)
             else: X.addcmul_(A, enter)
