@@ -1,21 +1,34 @@
 """The GPU benchmark behind bench/gpu.sh. See that script for usage."""
-import argparse, json, math, os, subprocess, sys, time, traceback
+import argparse, json, math, os, signal, subprocess, sys, time, traceback
 SMOKE = "--smoke" in sys.argv
 if SMOKE: os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch
 import torch.nn.functional as F
 
 DEV = "cpu" if SMOKE else "cuda"
-RESULTS = {"checks": {}, "timings": [], "errors": [], "kernels": []}
+RESULTS = {"checks": {}, "timings": [], "errors": [], "skipped": [], "kernels": []}
+OUT = None  # the output folder (main)
 # Machine epsilon of each precision an op computes in. A check's tolerance is `growth` times the epsilon of the op's
 # precision, with `growth` stated where the check is made (how the op's error grows with its size), never a bare number.
 EPS = {"float32": 2.0 ** -23, "tf32": 2.0 ** -10, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+# The time budget: bench/gpu.sh sets BENCH_DEADLINE (seconds since the epoch) 450 s after it starts.
+DEADLINE = float(os.environ.get("BENCH_DEADLINE") or time.time() + 450)
+
+
+def left(): return DEADLINE - time.time()
+
+
+class OutOfTime(BaseException):
+    "Raised by the alarm at the deadline; a BaseException, so that a section's `except Exception` does not swallow it."
+
+
+def _alarm(signum, frame): raise OutOfTime()
 
 
 def timeit(f, reps=None):
     "Median milliseconds: triton.testing.do_bench on a GPU; a plain timer in smoke mode."
-    if SMOKE:
-        f(); t0 = time.perf_counter(); f(); return (time.perf_counter() - t0) * 1e3
+    if SMOKE:  # the interpreter compiles nothing: one call
+        t0 = time.perf_counter(); f(); return (time.perf_counter() - t0) * 1e3
     from triton.testing import do_bench
     return do_bench(f, warmup=25, rep=100 if reps is None else reps, return_mode="median")
 
@@ -41,14 +54,30 @@ def record(op, impl, shape, ms, nbytes=None, copy_gbps=None, note=""):
     print(f"  {op:28s} {impl:34s} {ms:9.3f} ms" + (f"  {row.get('GB/s', 0):7.0f} GB/s" if nbytes else ""), flush=True)
 
 
-def guarded(name):
-    "Run a benchmark section; record (not raise) its failure so the others still run."
+def guarded(name, need=15):
+    """Run a benchmark section: record (not raise) its failure so the others still run; skip it when less than `need`
+    seconds of the budget are left, stop it at the deadline (a section with `need` 0 runs even after it, for 10 s at
+    most), and write the results so far."""
     def deco(fn):
         def run(*a, **k):
+            if left() < need:
+                RESULTS["skipped"].append(f"{name} ({max(left(), 0):.0f} s of the time budget left)")
+                print(f"skipped {name}: {max(left(), 0):.0f} s of the time budget left", flush=True)
+                return None
+            t0 = time.time()
+            signal.signal(signal.SIGALRM, _alarm)
+            signal.setitimer(signal.ITIMER_REAL, max(0.5, left() if need > 0 else max(left(), 10)))  # need 0: after the budget, 10 s
             try: return fn(*a, **k)
+            except OutOfTime:
+                RESULTS["errors"].append(f"{name}: stopped at the time budget's end")
+                print(f"{name}: stopped at the time budget's end", flush=True)
             except Exception as e:
                 RESULTS["errors"].append(f"{name}: {type(e).__name__}: {e}")
                 traceback.print_exc()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                RESULTS.setdefault("section_seconds", {})[name] = round(time.time() - t0, 1)
+                save()
         return run
     return deco
 
@@ -64,7 +93,7 @@ def check(name, err, tol=None, *, precision=None, growth=None):
     print(f"check {name}: max rel err {err:.2e} (tol {tol:.1e}{how}) {'OK' if err <= tol else 'FAIL'}", flush=True)
 
 
-@guarded("loaded kernels")
+@guarded("loaded kernels", need=0)
 def loaded_kernels():
     "n_regs and n_spills of every Triton kernel this run compiled and loaded on the GPU (none under the interpreter)."
     import importlib
@@ -99,7 +128,6 @@ def copy_bandwidth():
 @guarded("scan")
 def bench_scan(copy):
     from ssm_course.scan import scan
-    from ssm_course import triton_scan
     shapes = [(2, 3, 64)] if SMOKE else [(8, 1536, 4096), (8, 1536, 65536), (1, 16, 1 << 20)]  # the last: 16 rows of 2^20 steps (few rows, long L)
     for (B, D, L) in shapes:
         g = torch.Generator(device=DEV).manual_seed(0)
@@ -118,31 +146,39 @@ def bench_scan(copy):
             for name, x, r in [("h", h, ref), ("da", da, ref_da), ("db", db, ref_db)]:
                 check(f"scan {name} {tuple(shape)}", rel(x[:1, :8], r), precision="float32", growth=8)
         fwd_bytes, bwd_bytes = model_bytes("scan", "fwd", shape), model_bytes("scan", "bwd", shape)
+        ours = scan(a, b, backend="triton")
         record("scan fwd", "ssm_course (triton)", shape, timeit(lambda: scan(a, b, backend="triton")), fwd_bytes, copy)
         ar, br = a.clone().requires_grad_(), b.clone().requires_grad_()
         h = scan(ar, br, backend="triton")
         record("scan bwd", "ssm_course (triton)", shape, timeit(lambda: torch.autograd.grad(h, (ar, br), gy, retain_graph=True)), bwd_bytes, copy)
         del h
         record("scan fwd+bwd", "ssm_course (triton)", shape, timeit(lambda: torch.autograd.grad(scan(ar, br, backend="triton"), (ar, br), gy)), fwd_bytes + bwd_bytes, copy)
-        peers = {}
+        # Peers, each in its own layout, built outside the timed region; the note gives its largest difference from ours
+        # (relative to the largest value), which shows that it solves the same recurrence.
         try:
-            from accelerated_scan.scalar import scan as as_scan  # the Triton version
-            peers["accelerated-scan (triton)"] = as_scan
-        except Exception as e: RESULTS["errors"].append(f"accelerated-scan: {e}")
-        for name, f in peers.items():
-            try:
-                record("scan fwd", name, shape, timeit(lambda: f(a, b)), fwd_bytes, copy)
-                if not SMOKE: record("scan fwd+bwd", name, shape, timeit(lambda: torch.autograd.grad(f(ar, br), (ar, br), gy)), fwd_bytes + bwd_bytes, copy)
-            except Exception as e: RESULTS["errors"].append(f"{name} {shape}: {e}")
+            from accelerated_scan.scalar import scan as as_scan  # its Triton version: (B, C, T), h_t = gate_t h_{t-1} + token_t
+            note = f"max rel diff from ours {rel(as_scan(a, b), ours):.1e}"
+            record("scan fwd", "accelerated-scan (triton)", shape, timeit(lambda: as_scan(a, b)), fwd_bytes, copy, note=note)
+            if not SMOKE: record("scan fwd+bwd", "accelerated-scan (triton)", shape, timeit(lambda: torch.autograd.grad(as_scan(ar, br), (ar, br), gy)), fwd_bytes + bwd_bytes, copy, note=note)
+        except Exception as e: RESULTS["errors"].append(f"accelerated-scan {shape}: {type(e).__name__}: {e}")
         try:
-            from fla.ops.hgrn import chunk_hgrn, fused_recurrent_hgrn
-            x_, g_ = b.transpose(1, 2).contiguous(), torch.log(a).transpose(1, 2).contiguous()  # (B, T, D), h = exp(g) h + x
+            from fla.ops.hgrn import chunk_hgrn, fused_recurrent_hgrn  # (B, T, D), h_t = exp(g_t) h_{t-1} + x_t
+            x_, g_ = b.transpose(1, 2).contiguous(), torch.log(a).transpose(1, 2).contiguous()
+            xr, gr, gyt = x_.clone().requires_grad_(), g_.clone().requires_grad_(), gy.transpose(1, 2).contiguous()
             for name, f in [("fla chunk_hgrn", chunk_hgrn), ("fla fused_recurrent_hgrn", fused_recurrent_hgrn)]:
-                record("scan fwd", name, shape, timeit(lambda: f(x_, g_)), fwd_bytes, copy, note="(B, T, D) layout")
-        except Exception as e: RESULTS["errors"].append(f"fla hgrn {shape}: {e}")
-    if not SMOKE: tune_scan(copy)
+                try:
+                    note = f"(B, T, D) layout; max rel diff from ours {rel(f(x_, g_)[0].transpose(1, 2), ours):.1e}"
+                    record("scan fwd", name, shape, timeit(lambda: f(x_, g_)), fwd_bytes, copy, note=note)
+                    record("scan fwd+bwd", name, shape, timeit(lambda: torch.autograd.grad(f(xr, gr)[0], (xr, gr), gyt)), fwd_bytes + bwd_bytes, copy, note=note)
+                except Exception as e: RESULTS["errors"].append(f"{name} {shape}: {type(e).__name__}: {e}")
+            del x_, g_, xr, gr, gyt
+        except Exception as e: RESULTS["errors"].append(f"fla hgrn {shape}: {type(e).__name__}: {e}")
+        del a, b, gy, ar, br, ours
+        if not SMOKE: torch.cuda.empty_cache()
+        if left() < 60 and (B, D, L) != shapes[-1]: RESULTS["skipped"].append(f"scan shapes after {tuple(shape)} (time budget)"); break
 
 
+@guarded("scan configurations", need=60)
 def tune_scan(copy, shape=(8, 1536, 4096)):
     "Time the scan kernels at other (BLOCK, num_warps, num_stages) than the fixed one; each checked against the fixed config's output."
     from ssm_course.scan import scan
@@ -155,8 +191,9 @@ def tune_scan(copy, shape=(8, 1536, 4096)):
     want = [scan(a, b, backend="triton")] + list(torch.autograd.grad(scan(ar, br, backend="triton"), (ar, br), gy))
     fwd_bytes, bwd_bytes = model_bytes("scan", "fwd", shape), model_bytes("scan", "bwd", shape)
     try:
-        for block, warps in [(1024, 4), (2048, 8), (4096, 8), (4096, 16)]:
-            for stages in (1, 2, 3):
+        for block, warps in [(2048, 8), (1024, 4), (4096, 8), (4096, 16)]:
+            for stages in (2, 1, 3):
+                if left() < 20: RESULTS["skipped"].append(f"scan configurations from BLOCK {block}, warps {warps}, stages {stages} (time budget)"); return
                 triton_scan.CONFIG.update(BLOCK=block, num_warps=warps, num_stages=stages)
                 note = f"tune: BLOCK {block}, warps {warps}, stages {stages}" + (" (fixed config)" if triton_scan.CONFIG == fixed else "")
                 try:
@@ -168,6 +205,27 @@ def tune_scan(copy, shape=(8, 1536, 4096)):
                     record("scan bwd", "ssm_course (triton)", list(shape), timeit(lambda: torch.autograd.grad(h, (ar, br), gy, retain_graph=True)), bwd_bytes, copy, note=note)
                 except Exception as e: RESULTS["errors"].append(f"scan {note}: {type(e).__name__}: {e}")
     finally: triton_scan.CONFIG.update(fixed)
+
+
+@guarded("training", need=45)
+def train_steps():
+    "A few training steps through the Triton backends (Mamba: the selective scan; S4D: ssm_kernel_diag) with bf16 autocast, each in its own process; --smoke: the same command line on the CPU (its plumbing only)."
+    runs = [("mamba", ["--device", "cpu", "--steps", "2"])] if SMOKE else [(layer, ["--device", "cuda", "--amp", "bf16", "--steps", "20"]) for layer in ("mamba", "s4d")]
+    oks, log = [], open(os.path.join(OUT, "train.log"), "w")
+    for layer, flags in runs:
+        cmd = [sys.executable, "-m", "ssm_course.train", *flags, "--layer", layer, "--task", "selective_copying"]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=max(5, min(150, left() - 10)))
+            ok, text = res.returncode == 0, res.stdout + res.stderr
+        except subprocess.TimeoutExpired as e: ok, text = False, f"timed out after {e.timeout:.0f} s\n" + str(e.stdout or "")
+        line = f"TRAIN {'OK' if ok else 'FAILED'} ({layer})"
+        log.write(" ".join(cmd) + "\n" + text + "\n" + line + "\n"); log.flush()
+        print(line, flush=True)
+        oks.append(ok)
+    log.close()
+    tail = open(os.path.join(OUT, "train.log")).read()[-2000:]
+    RESULTS["train"] = {"ok": all(oks), "log_tail": tail}
+    if not all(oks): RESULTS["errors"].append("training failed: see train.log")
 
 
 @guarded("ssm_kernel_diag")
@@ -285,7 +343,11 @@ def bench_ssd(copy):
     except Exception as e: RESULTS["errors"].append(f"fla simple_gla: {e}")
 
 
+PEERS = ("accelerated-scan", "fla-core", "mambapy", "einops", "fastcore", "fastprogress")
+
+
 def versions():
+    from importlib.metadata import version, PackageNotFoundError
     info = {"torch": torch.__version__, "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d")}
     try:
         import triton; info["triton"] = triton.__version__
@@ -294,6 +356,10 @@ def versions():
         info["gpu"] = torch.cuda.get_device_name()
         try: info["driver"] = subprocess.check_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], text=True).strip()
         except Exception: info["driver"] = None
+    info["packages"] = {}
+    for p in PEERS:  # None: not importable here (bench/gpu.sh --wheels fetches them)
+        try: info["packages"][p] = version(p)
+        except PackageNotFoundError: info["packages"][p] = None
     return info
 
 
@@ -306,28 +372,50 @@ def table():
     return "\n".join(lines)
 
 
+def markdown():
+    v = RESULTS["versions"]
+    copy = RESULTS.get("copy_GBps")
+    head = (f"Measured {v.get('date')} on {v.get('gpu', 'CPU (smoke test)')}, driver {v.get('driver')}, torch {v['torch']}, triton {v['triton']}"
+            + (f"; copy bandwidth {copy:.0f} GB/s" if copy else "") + ".")
+    if RESULTS["skipped"]: head += "\n\nSkipped (time budget): " + "; ".join(RESULTS["skipped"]) + "."
+    return head + "\n\n" + table()
+
+
+def save():
+    "Write gpu.json and gpu.md as they stand (after every section, so that a run stopped early keeps what it measured)."
+    if OUT is None: return
+    RESULTS["seconds"] = round(time.time() - T0, 1)
+    with open(os.path.join(OUT, "gpu.json"), "w") as f: json.dump(RESULTS, f, indent=1)
+    with open(os.path.join(OUT, "gpu.md"), "w") as f: f.write(markdown() + "\n")
+
+
+T0 = time.time()
+
+
 def main():
+    global OUT
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
-    t0 = time.time()
+    OUT = args.out
+    os.makedirs(OUT, exist_ok=True)
     RESULTS["versions"] = versions()
-    print(RESULTS["versions"], flush=True)
+    print(RESULTS["versions"], f"time budget: {left():.0f} s", flush=True)
+    missing = [p for p, v in RESULTS["versions"]["packages"].items() if v is None]
+    if missing: print("not importable (their sections record errors): " + ", ".join(missing), flush=True)
     copy = copy_bandwidth()
+    save()
+    # The op timings first, then the training steps, then the scan configuration sweep: what is skipped when time runs
+    # out is the least needed.
     for section in (bench_scan, bench_kernel_diag, bench_selective, bench_ssd): section(copy)
+    train_steps()
+    if not SMOKE: tune_scan(copy)
     loaded_kernels()
-    train = os.path.join(args.out, "train.log")
-    if os.path.exists(train):  # bench/gpu.sh trains a few steps through the Triton backends before this script
-        log = open(train).read()
-        RESULTS["train"] = {"ok": "TRAIN OK" in log and "TRAIN FAILED" not in log, "log_tail": log[-2000:]}
-        if not RESULTS["train"]["ok"]: RESULTS["errors"].append("training on the GPU failed: see train.log")
-    RESULTS["seconds"] = time.time() - t0
-    md = f"Measured {RESULTS['versions'].get('date')} on {RESULTS['versions'].get('gpu', 'CPU (smoke test)')}, driver {RESULTS['versions'].get('driver')}, torch {RESULTS['versions']['torch']}, triton {RESULTS['versions']['triton']}; copy bandwidth {copy:.0f} GB/s.\n\n" + table()
-    with open(os.path.join(args.out, "gpu.json"), "w") as f: json.dump(RESULTS, f, indent=1)
-    with open(os.path.join(args.out, "gpu.md"), "w") as f: f.write(md + "\n")
+    save()
     if RESULTS["errors"]: print("errors:", *RESULTS["errors"], sep="\n  ")
-    print(md)
+    if RESULTS["skipped"]: print("skipped:", *RESULTS["skipped"], sep="\n  ")
+    print(markdown())
 
 
 if __name__ == "__main__":

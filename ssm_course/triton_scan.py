@@ -274,13 +274,14 @@ def _spec(kernel, fn, variant, grid, args, kw):
                 num_stages=kw["STAGES"], options={k: opts[k] for k in ("enable_fp_fusion", "maxnreg")}, dot=False, vector_loads=True)
 
 def compile_specs()->list: # one dict per kernel variant (see notebook 10b)
-    "The kernel variants the launchers start at `BENCH_SHAPE` (and for SSD's state passing), built by the launchers themselves on meta tensors."
+    "The kernel variants the launchers start at `BENCH_SHAPE` and for short rows (SSD's state passing; a complex scan of 64 steps), built by the launchers themselves on meta tensors."
     B, D, L = BENCH_SHAPE
     m = lambda shape, dtype: torch.empty(shape, dtype=dtype, device="meta")
     cases = [(dt, (B, D, L), (B, D, L), False, str(dt).removeprefix("torch.")) for dt in (torch.float32, torch.float16, torch.bfloat16, torch.complex64)]
     cases += [(dt, (B, D, L), (B, D, L), True, str(dt).removeprefix("torch.") + ", h0") for dt in (torch.float32, torch.float16, torch.bfloat16, torch.complex64)]
     cases += [(dt, (D, 1), (B, D, L), False, str(dt).removeprefix("torch.") + ", time-invariant a") for dt in (torch.float32, torch.complex64)]
     cases += [(torch.float32, (2, 32, 1, 1, 64), (2, 32, 64, 128, 64), True, "float32, a shared by 8192 rows, L = 64 (SSD state passing)")]
+    cases += [(torch.complex64, (B, D, 64), (B, D, 64), True, "complex64, h0, L = 64 (32 rows per program)")]
     out = []
     for dtype, a_shape, b_shape, has_h0, variant in cases:
         a, b, h0 = m(a_shape, dtype), m(b_shape, dtype), m(b_shape[:-1], dtype) if has_h0 else None

@@ -27,6 +27,17 @@ def reverse_scan_kernel(a_ptr, b_ptr, h_ptr, L, MIRRORED: tl.constexpr, BLOCK: t
     b = tl.load(b_ptr + row * L + t, mask=(t >= 0) & (t < L), other=0.0)
     _, h = tl.associative_scan((a, b), 0, _combine, reverse=not MIRRORED)
     tl.store(h_ptr + row * L + t, h, mask=(t >= 0) & (t < L))
+
+@triton.jit
+def special_kernel(x_ptr, y_ptr, OP: tl.constexpr):  # one function of a block of floats
+    i = tl.arange(0, 128)
+    x = tl.load(x_ptr + i)
+    if OP == 0: y = tl.exp(x)
+    elif OP == 1: y = 1.0 / x
+    elif OP == 2: y = tl.sin(x)
+    elif OP == 3: y = tl.cos(x)
+    else: y = tl.log(x)
+    tl.store(y_ptr + i, y)
 '''
 
 SCRIPT = '''
@@ -42,6 +53,17 @@ sig = {"a_ptr": "*fp32", "b_ptr": "*fp32", "h_ptr": "*fp32", "L": "i32", "MIRROR
 out["mirrored_vector_loads"] = [gpu_report.compile_spec(dict(kernel="k", variant=str(m), fn=mirrored.reverse_scan_kernel, signature=sig,
     constexprs={"MIRRORED": m, "BLOCK": 1024}, aligned=["a_ptr", "b_ptr", "h_ptr", "L"], num_warps=4, num_stages=1, dot=False,
     vector_loads=True), 90)["vector_loads"] for m in (False, True)]
+import re, subprocess, tempfile, triton
+from triton.compiler import ASTSource
+from triton.backends.compiler import GPUTarget
+def mufu(op, arch):  # the special-function-unit instructions in the machine code (SASS) of special_kernel
+    k = triton.compile(ASTSource(fn=mirrored.special_kernel, signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "OP": "constexpr"}, constexprs={"OP": op}),
+                       target=GPUTarget("cuda", arch, 32))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"]); f.flush()
+        sass = subprocess.run([gpu_report._tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return sorted(set(re.findall(r"MUFU\\.\\w+", sass)))
+out["mufu"] = {f"{name} sm_{arch}": mufu(op, arch) for op, name in enumerate(["exp", "1/x", "sin", "cos", "log"]) for arch in (80, 90)}
 print(json.dumps(out))
 '''.replace("MODULES", repr(MODULES))
 
@@ -113,6 +135,12 @@ def test_mirrored_offsets_lose_vector_loads(compiled):
 def test_bfloat16_stores_round_to_nearest_even(compiled):
     "The scan kernels store bfloat16 with cvt.rn (round to nearest even), which the interpreter does not show (it truncates)."
     assert len(compiled["bf16_rtne"]) == 4 and all(ok for *_, ok in compiled["bf16_rtne"])
+
+
+def test_special_functions_units(compiled):
+    "Notebook 10b's performance model: tl.exp and a division's reciprocal run on the special function units (MUFU), sin, cos and log do not (libdevice polynomials)."
+    want = {"exp": ["MUFU.EX2"], "1/x": ["MUFU.RCP"], "sin": [], "cos": [], "log": []}
+    assert compiled["mufu"] == {f"{name} sm_{arch}": w for name, w in want.items() for arch in (80, 90)}
 
 
 def test_perf_model_rows(compiled):

@@ -145,3 +145,14 @@ def test_gpu_script_smoke(tmp_path):
     n = 2 * 3 * 64  # the smoke shape: the scan rows record the model's bytes, forward and backward separately
     assert {r["op"]: r["bytes"] for r in res["timings"] if r["impl"] == "ssm_course (triton)" and r["op"].startswith("scan")} == {"scan fwd": 12 * n, "scan bwd": 20 * n, "scan fwd+bwd": 32 * n}
     assert res["train"]["ok"] and res["kernels"] == []  # trained a few steps; under the interpreter no compiled kernels are loaded
+    assert res["skipped"] == [] and (tmp_path / "train.log").exists() and "fastcore" in res["versions"]["packages"]
+
+
+def test_gpu_image_imports():
+    "bench/gpu.py runs on a GPU image with torch, Triton, numpy and pytest only: the modules it imports need nothing else (fastcore and fastprogress, for training and mambapy's case, come as wheels: bench/gpu.sh --wheels)."
+    import subprocess, sys
+    code = ("import sys\nfor m in ['fastcore', 'fastprogress', 'scipy', 'matplotlib', 'IPython', 'pandas', 'sklearn', 'hypothesis']: sys.modules[m] = None\n"
+            "import ssm_course.scan, ssm_course.triton_scan, ssm_course.gpu_report, ssm_course.triton_ssm, ssm_course.conv, ssm_course.selective, ssm_course.ssd\n"
+            "print(len(ssm_course.gpu_report.perf_model()))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and int(res.stdout.split()[-1]) > 0, res.stderr[-2000:]
