@@ -13,7 +13,7 @@ def test_wheel_and_clean_import(tmp_path):
         meta = z.read(next(n for n in names if n.endswith("METADATA"))).decode()
     assert "ssm_course/ssm.py" in names and "ssm_course/_modidx.py" in names
     requires = [l for l in meta.splitlines() if l.startswith("Requires-Dist:")]
-    for dep in ("torch", "numpy", "matplotlib", "fastcore"):
+    for dep in ("torch", "numpy", "matplotlib", "fastcore", "fastprogress"):
         assert any(l.split()[1].startswith(dep) and "extra ==" not in l for l in requires), dep
     assert all("extra ==" in l for l in requires if l.split()[1].startswith("triton")), "triton must be optional"
 
