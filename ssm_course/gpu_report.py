@@ -105,6 +105,7 @@ def _compile_job(job):
     return {**compile_spec(specs(module)[i], arch, asm), "module": module}
 
 def _clean_env():
+    "This process's environment without TRITON_INTERPRET, with this package importable."
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = str(Path(importlib.util.find_spec("ssm_course").submodule_search_locations[0]).parent)  # where this package is imported from
     env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))

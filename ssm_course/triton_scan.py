@@ -77,6 +77,7 @@ def _load_rows(ptr, rows, rmask, COMPLEX: tl.constexpr):
 @triton.jit
 def _scan_fwd_kernel(a_ptr, b_ptr, h0_ptr, h_ptr, R, L, a_rs, a_ts, a_group, b_rs, b_ts, b_group,
                      HAS_H0: tl.constexpr, COMPLEX: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    "$h = \\text{scan}(a, b, h_{-1})$ for `ROWS` rows per program, `BLOCK` steps at a time, each row's state carried from block to block."
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # this program's rows; int64: rows * L may pass 2^31
     rmask = rows < R
     i = tl.arange(0, BLOCK)[None, :]
@@ -102,6 +103,7 @@ def _scan_fwd_kernel(a_ptr, b_ptr, h0_ptr, h_ptr, R, L, a_rs, a_ts, a_group, b_r
 @triton.jit
 def _scan_bwd_kernel(a_ptr, g_ptr, h0_ptr, h_ptr, da_ptr, db_ptr, dh0_ptr, R, L, a_rs, a_ts, a_group,
                      HAS_H0: tl.constexpr, COMPLEX: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    "The gradients of $a$, $b$ and $h_{-1}$: a reverse scan of $\\partial\\mathcal L/\\partial h$, blocks from the end, lanes in forward order."
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     rmask = rows < R
     i = tl.arange(0, BLOCK)[None, :]
@@ -177,6 +179,7 @@ def _reduce(g, shape, dtype):
     return (g if dtype.is_complex else g.real).to(dtype)
 
 def _scan_dtype(a, b, h0):
+    "The dtype the kernels compute in and store: the inputs' common dtype, refused if double precision."
     dtype = common_dtype(a, b, *([h0] if h0 is not None else []))
     if dtype in (torch.float64, torch.complex128): raise ValueError(f"the Triton scan computes in float32 (complex64); got {dtype}, use backend='torch' for double precision")
     return dtype
@@ -235,6 +238,7 @@ def _scan_bwd(a, b_shape, b_dtype, h0, h, gh):
 
 # %% ../nbs/10_triton_scan.ipynb #cbe8b1c9
 class _ScanTriton(torch.autograd.Function):
+    "The forward kernel, with the fused backward kernel as its gradient."
     @staticmethod
     def forward(ctx, a, b, h0):
         h = _scan_fwd(a, b, h0)
