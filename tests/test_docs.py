@@ -257,17 +257,10 @@ def missing_alt(site):
     return missing
 
 
-# Pages whose notebooks' owners have not yet given every plotting cell a `#| fig-alt:` (issue 20, item 4). A page
-# missing from this list that loses its alt text fails the test; once a page here has all of them, remove it.
-ALT_PENDING = {"training.html"}
-
-
 def test_every_image_has_real_alt_text(site):
     "Each figure says what it shows (the notebook cell's `#| fig-alt:`, or its `#| fig-cap:`), not alt=\"figure\"."
     missing = missing_alt(site)
-    report = "figures without fig-alt/fig-cap (page: figure numbers): " + "; ".join(f"{p}: {v}" for p, v in sorted(missing.items()))
-    assert set(missing) <= ALT_PENDING, report
-    if missing: pytest.xfail(report)
+    assert not missing, "figures without fig-alt/fig-cap (page: figure numbers): " + "; ".join(f"{p}: {v}" for p, v in sorted(missing.items()))
 
 
 def test_cell_options_honoured():
