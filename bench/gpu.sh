@@ -14,6 +14,8 @@
 #                                        are unpacked into a temporary folder put on PYTHONPATH (no pip, no network).
 #                                        Through the device tool: carry [".whl"] and give an absolute OUT_DIR ($OUT/...)
 #   bash bench/gpu.sh OUT_DIR --smoke    tiny shapes in the CPU interpreter: checks the script's plumbing
+# A GPU run is committed as bench/results/h200-YYYY-MM-DD.json and .md (copies of OUT/gpu.json and OUT/gpu.md), which
+# notebook 14 renders.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # Pinned: fastprogress 1.1 imports python-fasthtml (and its web stack); 1.0.3 needs only fastcore.
