@@ -5,7 +5,7 @@ become slow. Used by `make test`:
     python tests/notebook_times.py [--max-seconds 60] [nbdev-test arguments...]
 
 The times are nbdev-test's own (`--timing`: wall-clock seconds per notebook, with its workers running side by side)."""
-import argparse, os, re, subprocess, sys
+import argparse, os, re, subprocess, sys, time
 from pathlib import Path
 
 
@@ -14,13 +14,19 @@ def main(argv=None):
     ap.add_argument("--max-seconds", type=float, default=float(os.environ.get("NB_MAX_SECONDS", 60)),
                     help="fail if a notebook takes longer (default: $NB_MAX_SECONDS or 60)")
     a, rest = ap.parse_known_args(argv)
-    cmd = [str(Path(sys.executable).parent / "nbdev-test"), "--timing", *rest]
-    out = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+    # --do-print makes each worker say when a notebook starts and ends; unbuffered, so the times are also known when a
+    # notebook fails (nbdev-test prints its own --timing table only when every notebook passes).
+    cmd = [str(Path(sys.executable).parent / "nbdev-test"), "--timing", "--do-print", *rest]
+    out, started, seen = [], {}, {}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}) as p:
         for line in p.stdout:
             out.append(line)
+            if m := re.match(r"Starting (\S+\.ipynb)$", line.strip()): started[Path(m[1]).name] = time.monotonic(); continue
+            if m := re.match(r"- Completed (\S+\.ipynb)$", line.strip()):
+                name = Path(m[1]).name; seen[name] = round(time.monotonic() - started.get(name, time.monotonic())); continue
             if not re.match(r"\S+\.ipynb: \d+ secs$", line.strip()): print(line, end="", flush=True)
-    times = {m[1]: int(m[2]) for l in out if (m := re.match(r"(\S+\.ipynb): (\d+) secs$", l.strip()))}
+    times = {m[1]: int(m[2]) for l in out if (m := re.match(r"(\S+\.ipynb): (\d+) secs$", l.strip()))} or seen
     if times:
         print(f"seconds per notebook (test mode, budget {a.max_seconds:g} s each):")
         for name, t in sorted(times.items()): print(f"  {name:<28} {t:>4}{'  OVER BUDGET' if t > a.max_seconds else ''}")
