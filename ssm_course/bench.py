@@ -69,7 +69,7 @@ def machine_info(threads:int=1, # the thread count every implementation is timed
     cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
     return {"cpu": cpu[0] if cpu else (platform.processor() or platform.machine()), "cores": os.cpu_count(), "threads": threads,
             "load_avg_before": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(), "torch": torch.__version__,
-            **{p: _version(p) for p in ("numpy", "scipy", "mambapy", "accelerated-scan")}, "date": time.strftime("%Y-%m-%d")}
+            **{p: _version(p) for p in ("numpy", "scipy", "ducc0", "mambapy", "accelerated-scan")}, "date": time.strftime("%Y-%m-%d")}
 
 # %% ../nbs/14_benchmarks.ipynb #323098f9
 @dataclass
