@@ -62,7 +62,7 @@ def scan_parallel(
     b:Tensor, # inputs $b_t$, (..., L)
     h0:Tensor|None=None, # initial state $h_{-1}$, (...)
 )->Tensor: # states $h_t$, (..., L)
-    "Hillis–Steele scan: $\\lceil \\log_2 L \\rceil$ rounds, in round $k$ every position combines with the one $2^k$ steps back."
+    "Hillis–Steele scan: $\\lceil \\log_2 L \\rceil$ rounds, in round $k = 1, 2, \\dots$ every position combines with the one $2^{k-1}$ steps back."
     shape, dtype = _check_scan(a, b, h0), _dtype(a, b, h0)
     A, X = a.to(dtype).expand(shape), b.to(dtype).expand(shape)
     if h0 is not None: X = torch.cat([X[..., :1] + A[..., :1] * h0.to(dtype)[..., None], X[..., 1:]], -1)  # fold h_{-1} into b_0
@@ -117,6 +117,12 @@ def _sweep(A, X, safe:bool=False):
         absorb(slice(3 * d - 1, T, 2 * d), slice(2 * d - 1, T - d, 2 * d))
         d //= 2
 
+def _at_most_one(A):
+    "Whether every $|a| \\le 1$ (then no product of decays can overflow); NaN counts as no."
+    if A.is_complex(): return bool((A.abs() <= 1).all())
+    lo, hi = torch.aminmax(A)
+    return bool(lo >= -1) and bool(hi <= 1)
+
 def _rows(x, shape):
     "x as (rows, time) for the broadcast `shape`, without materializing the broadcast: (2-D tensor, row index map or None)."
     batch, R = shape[:-1], math.prod(shape[:-1])
@@ -125,7 +131,7 @@ def _rows(x, shape):
     own = xb.reshape(-1, x.shape[-1])
     return own, torch.arange(own.shape[0], device=x.device).view(xb.shape[:-1]).expand(batch).reshape(R)
 
-def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False, safe=False):
+def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False):
     "The tuned scan: blocks of about `block` elements, each transposed into a time-major workspace, swept in place, fixed up, written back."
     *batch, L = shape
     R = math.prod(batch)
@@ -149,12 +155,12 @@ def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False, safe=F
             s[:, :L].copy_(xs.flip(-1) if reverse else xs); s[:, L:] = pad  # identity pairs (1, 0) pad the last chunk
             W.copy_(s.view(m, T).t())
         if h2 is not None: X[0].view(n, nc)[:, 0].addcmul_(A[0].view(n, nc)[:, 0], h2[r0:r1])  # fold h_{-1} into b_0
-        _sweep(A, X, safe)  # 2. local inclusive scans of every chunk
-        if nc > 1:  # 3. true states at the chunk ends (the same scan on 1/T of the data; _mul unless no product can exceed 1), then the fix-up
-            Ae = A[-1].view(n, nc)
-            ends = _scan_cpu(Ae, X[-1].view(n, nc), None, (n, nc), dtype, T, block, safe=not bool((Ae.abs() <= 1).all()))
+        grow = not _at_most_one(A)  # some |a| > 1: products may overflow, so multiply with _mul (inf * 0 = 0)
+        _sweep(A, X, grow)  # 2. local inclusive scans of every chunk
+        if nc > 1:  # 3. true states at the chunk ends (the same scan, on 1/T of the data), then the fix-up
+            ends = _scan_cpu(A[-1].view(n, nc), X[-1].view(n, nc), None, (n, nc), dtype, T, block)
             enter = torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1).view(1, m)
-            if safe: X += _mul(A, enter)
+            if grow: X += _mul(A, enter)
             else: X.addcmul_(A, enter)
         if Lp == L and not reverse: out[r0:r1].view(m, T).copy_(X.t()); continue  # 4. store (transposing back)
         if stage is None: stage = torch.empty(rb, Lp, dtype=dtype, device=b.device)
@@ -204,7 +210,7 @@ def _scan_traced(a, b, h0, shape, dtype, reverse=False, T=16, rounds=24):
     A = F.pad(a, (0, nc * T - L), value=1.0).unflatten(-1, (nc, T))
     X = F.pad(b, (0, nc * T - L), value=0.0).unflatten(-1, (nc, T))
     hs, ps = [X[..., 0]], [A[..., 0]]
-    for t in range(1, T): hs.append(A[..., t] * hs[-1] + X[..., t]); ps.append(A[..., t] * ps[-1])  # local scans, T fixed (16 decays: finite)
+    for t in range(1, T): hs.append(_mul(A[..., t], hs[-1]) + X[..., t]); ps.append(_mul(A[..., t], ps[-1]))  # local scans, T fixed
     hl, P = torch.stack(hs, -1), torch.stack(ps, -1)
     Pe, He, idx = P[..., -1], hl[..., -1], torch.arange(nc, device=b.device)
     if h0 is not None: He = He + torch.where(idx == 0, Pe * h0.to(dtype)[..., None], 0)
