@@ -288,13 +288,17 @@ def bench_selective(copy):
         record("selective_scan bwd", impl, shape, timeit(lambda: torch.autograd.grad(y, xs, gy, retain_graph=True)), bwd_bytes, copy)
         del y
         record("selective_scan fwd+bwd", impl, shape, timeit(lambda: torch.autograd.grad(f(*xs), xs, gy)), fwd_bytes + bwd_bytes, copy)
-    try:
-        from ssm_course.bench import mambapy_selective
-        def mb():
-            ys = mambapy_selective(xs[0], F.softplus(xs[1]), *xs[2:])
-            torch.autograd.grad(ys, xs, gy)
-        record("selective_scan fwd+bwd", "mambapy pscan", shape, timeit(mb), fwd_bytes + bwd_bytes, copy, note="GB/s: the Triton kernels' bytes")
-    except Exception as e: RESULTS["errors"].append(f"mambapy: {e}")
+    try:  # mambapy as its blocks call it: MambaBlock.selective_scan on its own contiguous (b, l, d) and (b, l, n) tensors,
+        # prepared outside the timed region; softplus inside, as in its block (and in ours, delta_softplus=True); D = 0 (ours has none)
+        from mambapy.mamba import MambaBlock
+        xm, dm, Bm, Cm = (t.transpose(1, 2).contiguous().requires_grad_() for t in (u, delta, B, C))
+        Am, Dm, gym = A.clone().requires_grad_(), torch.zeros(d, device=DEV), gy.transpose(1, 2).contiguous()
+        mamba = lambda: MambaBlock.selective_scan(None, xm, F.softplus(dm), Am, Bm, Cm, Dm)  # (b, l, d)
+        with torch.no_grad(): note = f"(b, l, d) layout; max rel diff from ours {rel(mamba().transpose(1, 2), selective_scan_triton(u, delta, A, B, C, delta_softplus=True)):.1e}"
+        record("selective_scan fwd+bwd", "mambapy MambaBlock.selective_scan", shape, timeit(lambda: torch.autograd.grad(mamba(), (xm, dm, Am, Bm, Cm), gym)),
+               fwd_bytes + bwd_bytes, copy, note=note + "; GB/s: the Triton kernels' bytes")
+        del xm, dm, Bm, Cm, Am, gym
+    except Exception as e: RESULTS["errors"].append(f"mambapy: {type(e).__name__}: {e}")
     def loop():  # the reference loop, timed once (it is slow)
         torch.autograd.grad(selective_scan_ref(*xs, delta_softplus=True), xs, gy)
     t0 = time.perf_counter(); loop(); torch.cuda.synchronize() if not SMOKE else None

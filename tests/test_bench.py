@@ -46,3 +46,25 @@ def test_cli_exits_1_when_an_implementation_disagrees(monkeypatch, tmp_path, cap
     assert "DISAGREE" in str(e.value.code) and "wrong" in str(e.value.code)  # a string code: exit status 1
     res = json.loads((tmp_path / "r.json").read_text())  # the results are still written, with the disagreement recorded
     assert res["cases"][0]["agree"] is False and "wrong" not in res["cases"][0]["seconds"]
+
+
+def test_reference_probes_and_roofs_side_by_side():
+    # every implementation, ours included, is measured against the case's reference; probes are timed but are not peers
+    ref = torch.arange(1.0, 5.0)
+    c = Case("toy", {"ours": lambda: ref * (1 + 1e-7), "peer": lambda: ref.clone(), "off": lambda: ref * 1.01}, tol=1e-6,
+             ref=lambda: ref.double(), nbytes=32, flops=4, probes={"probe": lambda: ref + 1})
+    rec = evaluate(c, rounds=2, min_run_time=1e-3, matmul=32)
+    assert 0 < rec["max_rel_diff"]["ours"] < 1e-6 and rec["max_rel_diff"]["peer"] == 0 and abs(rec["max_rel_diff"]["off"] - 0.01) < 1e-6
+    assert set(rec["seconds"]) == {"ours", "peer"} and rec["best_peer"] == "peer" and not rec["agree"]
+    assert set(rec["probe_seconds"]) == {"probe"} and len(rec["probe_round_seconds"]["probe"]) == 2
+    assert rec["matmul_GFLOPs"] > 0 and set(rec["pct_roof"]) == {"ours", "peer"} and all(0 < v for v in rec["pct_roof"].values())
+
+
+def test_triton_ms_picks_our_kernels_only():
+    from ssm_course.bench import triton_ms
+    row = lambda impl, ms, note="", op="scan fwd", shape=(8, 16, 64): {"op": op, "impl": impl, "shape": list(shape), "ms": ms, "note": note}
+    gpu = {"timings": [row("accelerated-scan (triton)", 0.5), row("ssm_course (triton)", 0.9, "tune: BLOCK 4096, warps 16, stages 1"),
+                       row("ssm_course (triton)", 1.0), row("ssm_course (torch, blocked)", 0.1), row("ssm_course (triton)", 2.0, op="scan bwd"),
+                       row("ssm_course (triton)", 3.0, shape=(1, 2, 3)), row("ssm_course selective_scan(backend='triton')", 1.2)]}
+    assert triton_ms(gpu, "scan fwd", [8, 16, 64]) == 1.0 and triton_ms(gpu, "scan bwd", (8, 16, 64)) == 2.0
+    assert triton_ms(gpu, "ssd fwd", [8, 16, 64]) is None and triton_ms(None, "scan fwd", [8, 16, 64]) is None
