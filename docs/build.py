@@ -10,7 +10,7 @@ copy buttons and live search results (MiniSearch over an index prebuilt here).
     python docs/build.py --out _docs            # the site
     python docs/build.py --readme README.md     # README.md from nbs/index.ipynb
 """
-import argparse, base64, html, json, os, re, shutil, string, struct, subprocess, sys, tempfile
+import argparse, ast, base64, html, json, os, re, shutil, string, struct, subprocess, sys, tempfile
 from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
 from pathlib import Path
@@ -291,12 +291,27 @@ def _link_rewriter(doc_url: str, target: str):
 
 
 def process(cfg, n_workers=0, file_glob=""):
-    "Run nbdev's notebook processing (the same as `nbdev-docs` does before Quarto); return the cache folder."
-    import nbdev.doclinks
+    """Run nbdev's notebook processing (the same as `nbdev-docs` does before Quarto); return the cache folder.
+
+    To give show_doc its names, nbdev executes the exported cells, the show_doc cells and every cell that contains an
+    import. In this process (`n_workers=0`) two kinds of cell are left out of that: cells with a test flag
+    (`#| slow`, `#| gpu`), which nbdev-test leaves out too and whose committed outputs the page shows; and lesson
+    cells that mix an import with other code (nbdev warns about them), which would run computations, or fail on names
+    from cells nbdev does not run, in a build that only needs names. Their outputs are the committed ones."""
+    import nbdev.doclinks, nbdev.processors as P
     from nbdev.serve import proc_nbs
     os.chdir(cfg.config_path)
     nbdev.doclinks._build_modidx()
-    return Path(proc_nbs(str(cfg.nbs_path), n_workers=n_workers, file_glob=file_glob))
+    flags, do_eval = set(str(cfg.get("tst_flags", "")).split()), P._do_eval
+    def _do_eval(cell):
+        dirs = set(getattr(cell, "directives_", None) or {})
+        if dirs & flags: return False
+        if not dirs & {"export", "exports", "exporti", "exec_doc"} and cell.cell_type == "code" and (trees := cell.parsed_()) \
+           and P._tl_contains(trees, (ast.Import, ast.ImportFrom)) and P._tl_contains(trees, (ast.Expr, ast.Assign)): return False
+        return do_eval(cell)
+    P._do_eval = _do_eval
+    try: return Path(proc_nbs(str(cfg.nbs_path), n_workers=n_workers, file_glob=file_glob))
+    finally: P._do_eval = do_eval
 
 
 # ---------------------------------------------------------------- code colours
