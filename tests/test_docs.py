@@ -20,8 +20,8 @@ PHONE = 390  # px: the viewport width of a phone
 def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     res = subprocess.run([sys.executable, str(ROOT / "docs" / "build.py"), "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
-    assert res.returncode == 0, ("docs/build.py failed (nbdev's docs processing executes every cell that contains an import, "
-                                 "so keep imports in cells of their own):\n" + res.stderr[-3000:])
+    assert res.returncode == 0, ("docs/build.py failed (nbdev's docs processing runs the exported cells, the show_doc cells "
+                                 "and the cells holding only imports; one of them raised):\n" + res.stderr[-3000:])
     return out
 
 
