@@ -55,10 +55,12 @@ def _no_autocast(x):
     return torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else contextlib.nullcontext()
 
 def _check_dt_range(dt_min, dt_max):
+    "Check the initial step range: $0 < \\Delta_{\\min} \\le \\Delta_{\\max}$."
     check_positive(dt_min, "dt_min"); check_positive(dt_max, "dt_max")
     if dt_min > dt_max: raise ValueError(f"need dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
 
 def _check_d_state(d_state, init):
+    "Check the state size: at least 1 for `\"real\"`, an even number of at least 2 for the conjugate-pair inits."
     check_size(d_state, "d_state", min=1 if init == "real" else 2)
     if init != "real" and d_state % 2: raise ValueError(f"d_state must be even for init={init!r} (N/2 complex conjugate pairs), got {d_state}")
 
@@ -353,9 +355,9 @@ class Mamba(nn.Module):
     def __init__(self,
                  d_model:int, # channels H
                  d_state:int=16, # N, states per inner channel
-                 expand:int=2, # inner width d = expand H
+                 expand:int=2, # inner width $d = \mathrm{expand} \cdot H$
                  d_conv:int=4, # taps of the causal depthwise convolution
-                 dt_rank:int|None=None, # rank of the Delta projection (default: ceil(H/16))
+                 dt_rank:int|None=None, # rank of the $\Delta$ projection (default: $\lceil H/16 \rceil$)
                  dt_min:float=1e-3, # smallest initial step
                  dt_max:float=1e-1, # largest initial step
                  init:str="real", # A's initialization: "real" (S4D-Real, Mamba's), or complex "lin", "inv", "legs" (notebook 06)
@@ -454,7 +456,7 @@ def ssm_param_groups(
     weight_decay:float=0.0, # weight decay of ordinary matrices
     ssm_lr:float=1e-3, # learning rate cap for SSM parameters
 )->list[dict]: # parameter groups for torch.optim
-    "Optimizer groups: SSM parameters (named in each layer's `ssm_params`) at min(lr, ssm_lr) without weight decay; other matrices with weight decay; the rest without."
+    "Optimizer groups: SSM parameters (named in each layer's `ssm_params`) at the learning rate `min(lr, ssm_lr)` without weight decay; other matrices with weight decay; the rest without."
     ssm_ids = set()
     for module in model.modules():
         for name in getattr(module, "ssm_params", ()):

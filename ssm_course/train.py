@@ -158,8 +158,12 @@ class Trainer:
         "The mixed-precision context of the forward pass (`amp`)."
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.amp == "bf16" else contextlib.nullcontext()
 
-    def loss_sum(self, out, y, name="data"):
-        "(summed loss, number of scored targets) of a batch, in float32."
+    def loss_sum(self,
+                 out:Tensor, # the model's output: (..., classes) for "ce", shaped like `y` (or with a last dimension of 1) for "mse"
+                 y:Tensor, # the targets
+                 name:str="data", # what an error message calls the targets
+                )->tuple: # (summed loss, number of scored targets)
+        "The summed loss of a batch, in float32, and the number of targets it scores (IGNORE excluded)."
         out = _check_targets(out, y, self.loss_kind, name).float()
         if self.loss_kind == "mse": return F.mse_loss(out, y.float(), reduction="sum"), y.numel()
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=tasks.IGNORE, reduction="sum"), (y != tasks.IGNORE).sum()
@@ -183,8 +187,10 @@ class Trainer:
         return self.history["loss"][-1]
 
     @torch.no_grad()
-    def evaluate(self, batch_size:int=256):
-        "Loss and accuracy on the evaluation data (accuracy over scored positions; None for mse)."
+    def evaluate(self,
+                 batch_size:int=256, # examples per forward pass
+                )->tuple: # (mean loss, accuracy over the scored positions; None for mse)
+        "Loss and accuracy on the evaluation data."
         self.model.eval()
         x, y = self.eval_data
         total, count, correct = 0.0, 0, 0
@@ -266,6 +272,7 @@ class Trainer:
         return self
 
     def _load(self, s):
+        "Put a checkpoint's state `s` into the model, optimizer, schedule, generators, step and history."
         self.module.load_state_dict(s["model"]); self.opt.load_state_dict(s["opt"]); self.sched.load_state_dict(s["sched"])
         self.gen.set_state(s["gen"]); torch.set_rng_state(s["torch_rng"])
         if "cuda_rng" in s and self.device.type == "cuda": torch.cuda.set_rng_state(s["cuda_rng"], self.device)

@@ -34,19 +34,34 @@ def test_shape_and_dtype(config):
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 @pytest.mark.parametrize("L,split", [(1, 0), (9, 4), (31, 30)])
 def test_step_equals_forward_and_chunking(config, L, split):
-    "step == forward; forward in two pieces carrying the state == one forward; a forward prefill continued by step."
+    "step == forward; forward in two pieces carrying the state == one forward; a forward prefill continued by step (float64: observed up to 5.3e-15)."
     layer = build(config).double()
     x = torch.randn(2, L, 5, dtype=torch.float64)
     y, last = layer(x, return_state=True)
     ys, state = steps(layer, x, layer.initial_state(2))
-    torch.testing.assert_close(ys, y, rtol=1e-8, atol=1e-9)
-    torch.testing.assert_close(flat(state), flat(last), rtol=1e-8, atol=1e-9)
+    torch.testing.assert_close(ys, y, rtol=1e-12, atol=5e-14)
+    torch.testing.assert_close(flat(state), flat(last), rtol=1e-12, atol=5e-14)
     if split:
         y1, s1 = layer(x[:, :split], return_state=True)
         y2, s2 = layer(x[:, split:], state=s1, return_state=True)
-        torch.testing.assert_close(torch.cat([y1, y2], 1), y, rtol=1e-8, atol=1e-9)
-        torch.testing.assert_close(flat(s2), flat(last), rtol=1e-8, atol=1e-9)
-        torch.testing.assert_close(steps(layer, x[:, split:], s1)[0], y[:, split:], rtol=1e-8, atol=1e-9)
+        torch.testing.assert_close(torch.cat([y1, y2], 1), y, rtol=1e-12, atol=5e-14)
+        torch.testing.assert_close(flat(s2), flat(last), rtol=1e-12, atol=5e-14)
+        torch.testing.assert_close(steps(layer, x[:, split:], s1)[0], y[:, split:], rtol=1e-12, atol=5e-14)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_empty_batch(config):
+    "A batch of 0 sequences gives empty outputs and states of the right shapes (forward, forward with a state, step), and gradients."
+    layer = build(config)
+    x = torch.randn(0, 7, 5, requires_grad=True)
+    y, last = layer(x, return_state=True)
+    assert y.shape == (0, 7, 5) and [t.shape for t in (last if isinstance(last, tuple) else (last,))] == \
+        [t.shape for t in (layer.initial_state(0) if isinstance(last, tuple) else (layer.initial_state(0),))]
+    assert layer(x, state=layer.initial_state(0)).shape == (0, 7, 5)
+    y_t, _ = layer.step(x[:, 0], layer.initial_state(0))
+    assert y_t.shape == (0, 5)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
 
 
 def test_mamba_conv_state_keeps_only_the_last_inputs():

@@ -1,5 +1,6 @@
 """ssm_course.tasks and .train: task contracts, dataset readers on fake files, exact resume, checkpoint integrity, data checks, devices, torchrun/DDP."""
 import copy, gzip, json, os, pickle, re, struct, subprocess, sys
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports the Triton kernels (the dispatchers import them lazily)
 from pathlib import Path
 import numpy as np, pytest, torch
 from ssm_course import tasks
@@ -183,6 +184,38 @@ def test_cli_device_and_bf16_autocast_on_cpu(capsys):
     assert all(p.dtype == torch.float32 for p in bf16.module.parameters())
     d = abs(full.history["loss"][0] - bf16.history["loss"][0])
     assert 0 < d < 0.05, d
+
+
+def _auto_picks_triton(monkeypatch):
+    "Make backend='auto' choose Triton, as it does for CUDA tensors; returns the list of ops that took the Triton path."
+    from ssm_course import checks, conv, scan, selective
+    used, resolve = [], checks.resolve_backend
+    def as_on_cuda(backend, x, has_triton=True, name="this function"):
+        if backend == "auto" and has_triton: used.append(name); backend = "triton"
+        return resolve(backend, x, has_triton, name)
+    for mod in (conv, scan, selective): monkeypatch.setattr(mod, "resolve_backend", as_on_cuda)
+    return used
+
+
+@pytest.mark.parametrize("layer,op", [("mamba", "selective_scan"), ("s4d", "ssm_kernel_diag"), ("dss", "ssm_kernel_diag"), ("lru", "scan")])
+def test_bf16_training_through_the_triton_backends(monkeypatch, layer, op):
+    """What `python -m ssm_course.train --device cuda --amp bf16` runs (bench/gpu.sh), without a GPU: 'auto' picks the Triton
+    kernels (here in Triton's interpreter) under bf16 autocast, and two training steps give the losses of the PyTorch backends."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1": pytest.skip("needs TRITON_INTERPRET=1 before the kernels are imported")
+    task = lambda n, g: tasks.selective_copying(n, n_tokens=2, T=6, V=8, g=g)
+    def run():
+        torch.manual_seed(0)
+        m = SequenceModel(10, d_model=4, n_layers=1, layer=layer, vocab_size=10, pool=None, d_state=4)
+        t = Trainer(m, task, steps=2, batch_size=2, device="cpu", amp="bf16")
+        t.fit(progress=False)
+        return t.history["loss"]
+    ref = run()
+    with monkeypatch.context() as mp:
+        used = _auto_picks_triton(mp)
+        got = run()
+    assert op in used, used
+    assert all(np.isfinite(got)) and max(abs(a - b) for a, b in zip(got, ref)) < 1e-5, (got, ref)
 
 
 def _uneven(n, g):
