@@ -4,6 +4,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Triton reads TRITON_INTERPRET when it decorates a kernel, and the xdist workers import every test module in one
+# process: set it here, before any test module imports triton, so that kernels and their helpers are all interpreted
+# on a machine without a GPU (tests that compile for sm_80/sm_90 do so in a subprocess without it).
+if os.environ.get("TRITON_INTERPRET") is None and not os.path.exists("/dev/nvidia0"): os.environ["TRITON_INTERPRET"] = "1"
+
 
 def find_chromium():
     "A headless Chromium: $SSM_COURSE_CHROMIUM if set (empty: none), else Debian's chromium-headless-shell or chromium."
