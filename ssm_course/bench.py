@@ -65,11 +65,22 @@ def _version(pkg):
     try: return version(pkg)
     except PackageNotFoundError: return None
 
+def _caches()->dict:
+    "Data and unified cache sizes of CPU 0 in bytes, by level (Linux sysfs; empty elsewhere)."
+    out = {}
+    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (d / "type").read_text().strip() == "Instruction": continue
+            s = (d / "size").read_text().strip()
+            out[f"L{(d / 'level').read_text().strip()}"] = int(s[:-1]) * {"K": 1 << 10, "M": 1 << 20}[s[-1]] if s[-1] in "KM" else int(s)
+        except (OSError, ValueError, KeyError): pass
+    return out
+
 def machine_info(threads:int=1, # the thread count every implementation is timed with
-                )->dict: # CPU model, cores, load averages, library versions, date
-    "What the numbers were measured on: CPU model and cores, the load averages at the start, versions of every library involved, the date."
+                )->dict: # CPU model, cores, caches, load averages, library versions, date
+    "What the numbers were measured on: CPU model, cores and caches, the load averages at the start, versions of every library involved, the date."
     cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
-    return {"cpu": cpu[0] if cpu else (platform.processor() or platform.machine()), "cores": os.cpu_count(), "threads": threads,
+    return {"cpu": cpu[0] if cpu else (platform.processor() or platform.machine()), "cores": os.cpu_count(), "caches": _caches(), "threads": threads,
             "load_avg_before": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(), "torch": torch.__version__,
             **{p: _version(p) for p in ("numpy", "scipy", "ducc0", "mambapy", "accelerated-scan")}, "date": time.strftime("%Y-%m-%d")}
 
