@@ -427,49 +427,49 @@ def _ssd_cb_kernel(C_ptr, B_ptr, cb_ptr, L, G, N, NC, Q: tl.constexpr, BLOCK_N: 
     tl.store(cb_ptr + (bg.to(tl.int64) * NC + c) * Q * Q + q[:, None] * Q + q[None, :], acc)  # (b, g, chunks, Q, Q)
 
 @triton.jit
-def _ssd_state_kernel(x_ptr, dt_ptr, B_ptr, dA_ptr, s_ptr, L, H, P, G, N, NC,
+def _ssd_state_kernel(x_ptr, dt_ptr, B_ptr, dA_ptr, s_ptr, L, n_heads, head_dim, G, N, NC,
                       Q: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
     c, bh, pn = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunk, (batch, head), (p, n) tile
-    b, h = bh // H, bh % H
-    grp = h // (H // G)
-    npb = tl.cdiv(P, BLOCK_P)
+    b, h = bh // n_heads, bh % n_heads
+    grp = h // (n_heads // G)
+    npb = tl.cdiv(head_dim, BLOCK_P)
     p, n, q = (pn % npb) * BLOCK_P + tl.arange(0, BLOCK_P), (pn // npb) * BLOCK_N + tl.arange(0, BLOCK_N), tl.arange(0, Q)
     t = c * Q + q
-    mt, mp, mn = t < L, p < P, n < N
+    mt, mp, mn = t < L, p < head_dim, n < N
     dA = tl.load(dA_ptr + (bh.to(tl.int64) * NC + c) * Q + q)  # dt A of the chunk's steps
     cum, c_end = tl.cumsum(dA, 0), tl.sum(dA, 0)  # c_t, c_{Q-1}
     row = b.to(tl.int64) * L + t  # (b, l) rows
-    dt = tl.load(dt_ptr + row * H + h, mask=mt, other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + (row[:, None] * H + h) * P + p[None, :], mask=mt[:, None] & mp[None, :], other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + row * n_heads + h, mask=mt, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + (row[:, None] * n_heads + h) * head_dim + p[None, :], mask=mt[:, None] & mp[None, :], other=0.0).to(tl.float32)
     Bq = tl.load(B_ptr + (row[:, None] * G + grp) * N + n[None, :], mask=mt[:, None] & mn[None, :], other=0.0).to(tl.float32)
     w = dt * tl.exp(c_end - cum)  # dt times the decay from each step to the chunk's end
-    S = tl.dot(tl.trans(x * w[:, None]), Bq, input_precision=PREC)  # (P, N)
-    tl.store(s_ptr + ((bh.to(tl.int64) * P + p[:, None]) * N + n[None, :]) * NC + c, S, mask=mp[:, None] & mn[None, :])  # (b, h, p, n, chunks)
+    S = tl.dot(tl.trans(x * w[:, None]), Bq, input_precision=PREC)  # (p, N)
+    tl.store(s_ptr + ((bh.to(tl.int64) * head_dim + p[:, None]) * N + n[None, :]) * NC + c, S, mask=mp[:, None] & mn[None, :])  # (b, h, p, n, chunks)
 
 # %% ../nbs/11_triton_ssm.ipynb #k3cd0004
 @triton.jit
-def _ssd_state_in(hs_ptr, h0_ptr, bh, c, p, n, P, N, NC, HAS_H0: tl.constexpr):
-    "The state entering chunk `c` as a (P, N) tile: the scan's output after chunk c - 1, or the initial state."
-    m = (p < P)[:, None] & (n < N)[None, :]
-    off = (bh.to(tl.int64) * P + p[:, None]) * N + n[None, :]
+def _ssd_state_in(hs_ptr, h0_ptr, bh, c, p, n, head_dim, N, NC, HAS_H0: tl.constexpr):
+    "The state entering chunk `c` as a (p, N) tile: the scan's output after chunk c - 1, or the initial state."
+    m = (p < head_dim)[:, None] & (n < N)[None, :]
+    off = (bh.to(tl.int64) * head_dim + p[:, None]) * N + n[None, :]
     if c > 0: hin = tl.load(hs_ptr + off * NC + c - 1, mask=m, other=0.0)
     elif HAS_H0: hin = tl.load(h0_ptr + off, mask=m, other=0.0).to(tl.float32)
     else: hin = tl.zeros([p.shape[0], n.shape[0]], tl.float32)
     return hin
 
 @triton.jit
-def _ssd_out_kernel(x_ptr, dt_ptr, C_ptr, cb_ptr, dA_ptr, hs_ptr, h0_ptr, y_ptr, L, H, P, G, N, NC,
+def _ssd_out_kernel(x_ptr, dt_ptr, C_ptr, cb_ptr, dA_ptr, hs_ptr, h0_ptr, y_ptr, L, n_heads, head_dim, G, N, NC,
                     HAS_H0: tl.constexpr, Q: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    c, bh, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunk, (batch, head), block of P
-    b, h = bh // H, bh % H
-    grp = h // (H // G)
+    c, bh, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunk, (batch, head), block of p
+    b, h = bh // n_heads, bh % n_heads
+    grp = h // (n_heads // G)
     p, q = pb * BLOCK_P + tl.arange(0, BLOCK_P), tl.arange(0, Q)
     t = c * Q + q
-    mt, mp = t < L, p < P
+    mt, mp = t < L, p < head_dim
     cum = tl.cumsum(tl.load(dA_ptr + (bh.to(tl.int64) * NC + c) * Q + q), 0)
     row = b.to(tl.int64) * L + t
-    dt = tl.load(dt_ptr + row * H + h, mask=mt, other=0.0).to(tl.float32)
-    xo = (row[:, None] * H + h) * P + p[None, :]
+    dt = tl.load(dt_ptr + row * n_heads + h, mask=mt, other=0.0).to(tl.float32)
+    xo = (row[:, None] * n_heads + h) * head_dim + p[None, :]
     x = tl.load(x_ptr + xo, mask=mt[:, None] & mp[None, :], other=0.0).to(tl.float32)
     cb = tl.load(cb_ptr + ((b.to(tl.int64) * G + grp) * NC + c) * Q * Q + q[:, None] * Q + q[None, :])  # the group's C B^T
     decay = tl.exp(tl.where(q[:, None] >= q[None, :], cum[:, None] - cum[None, :], float("-inf")))  # the causal mask, in the exponent
@@ -477,7 +477,7 @@ def _ssd_out_kernel(x_ptr, dt_ptr, C_ptr, cb_ptr, dA_ptr, hs_ptr, h0_ptr, y_ptr,
     for n0 in range(0, N, BLOCK_N):  # plus the entering state, read through C
         n = n0 + tl.arange(0, BLOCK_N)
         Cq = tl.load(C_ptr + (row[:, None] * G + grp) * N + n[None, :], mask=mt[:, None] & (n < N)[None, :], other=0.0).to(tl.float32)
-        y += tl.exp(cum)[:, None] * tl.dot(Cq, tl.trans(_ssd_state_in(hs_ptr, h0_ptr, bh, c, p, n, P, N, NC, HAS_H0)), input_precision=PREC)
+        y += tl.exp(cum)[:, None] * tl.dot(Cq, tl.trans(_ssd_state_in(hs_ptr, h0_ptr, bh, c, p, n, head_dim, N, NC, HAS_H0)), input_precision=PREC)
     if y_ptr.dtype.element_ty != tl.float32: y = y.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # round to nearest even
     tl.store(y_ptr + xo, y, mask=mt[:, None] & mp[None, :])
 
@@ -497,19 +497,19 @@ def _ssd_cb_bwd_kernel(C_ptr, B_ptr, gcb_ptr, gC_ptr, gB_ptr, L, G, N, NC, Q: tl
         tl.store(gB_ptr + off, tl.dot(tl.trans(gcb), tl.load(C_ptr + off, mask=m, other=0.0).to(tl.float32), input_precision=PREC), mask=m)
 
 @triton.jit
-def _ssd_state_bwd_kernel(x_ptr, dt_ptr, B_ptr, dA_ptr, gs_ptr, gx_ptr, gdt_ptr, gdA_ptr, gB_ptr, L, H, P, G, N, NC,
+def _ssd_state_bwd_kernel(x_ptr, dt_ptr, B_ptr, dA_ptr, gs_ptr, gx_ptr, gdt_ptr, gdA_ptr, gB_ptr, L, n_heads, head_dim, G, N, NC,
                           Q: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    c, bh = tl.program_id(0), tl.program_id(1)  # all of P in one tile
-    b, h = bh // H, bh % H
-    grp = h // (H // G)
+    c, bh = tl.program_id(0), tl.program_id(1)  # all of p in one tile
+    b, h = bh // n_heads, bh % n_heads
+    grp = h // (n_heads // G)
     p, q = tl.arange(0, BLOCK_P), tl.arange(0, Q)
     t = c * Q + q
-    mt, mp = t < L, p < P
+    mt, mp = t < L, p < head_dim
     dA = tl.load(dA_ptr + (bh.to(tl.int64) * NC + c) * Q + q)
     cum, c_end = tl.cumsum(dA, 0), tl.sum(dA, 0)
     row = b.to(tl.int64) * L + t
-    dt = tl.load(dt_ptr + row * H + h, mask=mt, other=0.0).to(tl.float32)
-    xo = (row[:, None] * H + h) * P + p[None, :]
+    dt = tl.load(dt_ptr + row * n_heads + h, mask=mt, other=0.0).to(tl.float32)
+    xo = (row[:, None] * n_heads + h) * head_dim + p[None, :]
     x = tl.load(x_ptr + xo, mask=mt[:, None] & mp[None, :], other=0.0).to(tl.float32)
     e = tl.exp(c_end - cum)  # the decay from each step to the chunk's end
     xe = x * e[:, None]
@@ -517,37 +517,37 @@ def _ssd_state_bwd_kernel(x_ptr, dt_ptr, B_ptr, dA_ptr, gs_ptr, gx_ptr, gdt_ptr,
     for n0 in range(0, N, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         mn = n < N
-        gS = tl.load(gs_ptr + ((bh.to(tl.int64) * P + p[:, None]) * N + n[None, :]) * NC + c, mask=mp[:, None] & mn[None, :], other=0.0)
+        gS = tl.load(gs_ptr + ((bh.to(tl.int64) * head_dim + p[:, None]) * N + n[None, :]) * NC + c, mask=mp[:, None] & mn[None, :], other=0.0)
         Bq = tl.load(B_ptr + (row[:, None] * G + grp) * N + n[None, :], mask=mt[:, None] & mn[None, :], other=0.0).to(tl.float32)
         M += tl.dot(Bq, tl.trans(gS), input_precision=PREC)
-        tl.store(gB_ptr + (row[:, None] * H + h) * N + n[None, :], tl.dot(xe * dt[:, None], gS, input_precision=PREC), mask=mt[:, None] & mn[None, :])  # this head's share
+        tl.store(gB_ptr + (row[:, None] * n_heads + h) * N + n[None, :], tl.dot(xe * dt[:, None], gS, input_precision=PREC), mask=mt[:, None] & mn[None, :])  # this head's share
     tl.store(gx_ptr + xo, M * (dt * e)[:, None], mask=mt[:, None] & mp[None, :])
     gdt = tl.sum(xe * M, 1)
-    tl.store(gdt_ptr + row * H + h, gdt, mask=mt)
+    tl.store(gdt_ptr + row * n_heads + h, gdt, mask=mt)
     rw = gdt * dt  # the decay from step s to the chunk's end contains the steps r > s
     tl.store(gdA_ptr + (bh.to(tl.int64) * NC + c) * Q + q, tl.cumsum(rw, 0) - rw)  # sum over s < r
 
 # %% ../nbs/11_triton_ssm.ipynb #k3cd0007
 @triton.jit
-def _ssd_out_bwd_kernel(x_ptr, dt_ptr, cb_ptr, dA_ptr, gy_ptr, gx_ptr, gdt_ptr, gdA_ptr, gcb_ptr, L, H, P, G, NC,
+def _ssd_out_bwd_kernel(x_ptr, dt_ptr, cb_ptr, dA_ptr, gy_ptr, gx_ptr, gdt_ptr, gdA_ptr, gcb_ptr, L, n_heads, head_dim, G, NC,
                         Q: tl.constexpr, BLOCK_P: tl.constexpr, PREC: tl.constexpr):
     c, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    grp = h // (H // G)
+    b, h = bh // n_heads, bh % n_heads
+    grp = h // (n_heads // G)
     q = tl.arange(0, Q)
     t = c * Q + q
     mt = t < L
     cum = tl.cumsum(tl.load(dA_ptr + (bh.to(tl.int64) * NC + c) * Q + q), 0)
     row = b.to(tl.int64) * L + t
-    dt = tl.load(dt_ptr + row * H + h, mask=mt, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + row * n_heads + h, mask=mt, other=0.0).to(tl.float32)
     cb = tl.load(cb_ptr + ((b.to(tl.int64) * G + grp) * NC + c) * Q * Q + q[:, None] * Q + q[None, :])
     decay = tl.exp(tl.where(q[:, None] >= q[None, :], cum[:, None] - cum[None, :], float("-inf")))
     gyx = tl.zeros([Q, Q], tl.float32)  # sum over p of dL/dy_t (x dt)_s
-    for p0 in range(0, P, BLOCK_P):
+    for p0 in range(0, head_dim, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P)
-        m = mt[:, None] & (p < P)[None, :]
-        x = tl.load(x_ptr + (row[:, None] * H + h) * P + p[None, :], mask=m, other=0.0).to(tl.float32)
-        gy = tl.load(gy_ptr + (row[:, None] * H + h) * P + p[None, :], mask=m, other=0.0).to(tl.float32)
+        m = mt[:, None] & (p < head_dim)[None, :]
+        x = tl.load(x_ptr + (row[:, None] * n_heads + h) * head_dim + p[None, :], mask=m, other=0.0).to(tl.float32)
+        gy = tl.load(gy_ptr + (row[:, None] * n_heads + h) * head_dim + p[None, :], mask=m, other=0.0).to(tl.float32)
         gyx += tl.dot(gy, tl.trans(x * dt[:, None]), input_precision=PREC)
     gcb = decay * gyx  # this head's share of dL/dCB
     tl.store(gcb_ptr + (bh.to(tl.int64) * NC + c) * Q * Q + q[:, None] * Q + q[None, :], gcb)
@@ -555,38 +555,38 @@ def _ssd_out_bwd_kernel(x_ptr, dt_ptr, cb_ptr, dA_ptr, gy_ptr, gx_ptr, gdt_ptr, 
     W = tl.cumsum(Z, 1) - Z  # W_tr = sum over s < r of Z_ts
     tl.store(gdA_ptr + (bh.to(tl.int64) * NC + c) * Q + q, tl.sum(tl.where(q[:, None] >= q[None, :], W, 0.0), 0))  # then over t >= r
     gdt = tl.zeros([Q], tl.float32)
-    for p0 in range(0, P, BLOCK_P):
+    for p0 in range(0, head_dim, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P)
-        m = mt[:, None] & (p < P)[None, :]
-        x = tl.load(x_ptr + (row[:, None] * H + h) * P + p[None, :], mask=m, other=0.0).to(tl.float32)
-        gy = tl.load(gy_ptr + (row[:, None] * H + h) * P + p[None, :], mask=m, other=0.0).to(tl.float32)
+        m = mt[:, None] & (p < head_dim)[None, :]
+        x = tl.load(x_ptr + (row[:, None] * n_heads + h) * head_dim + p[None, :], mask=m, other=0.0).to(tl.float32)
+        gy = tl.load(gy_ptr + (row[:, None] * n_heads + h) * head_dim + p[None, :], mask=m, other=0.0).to(tl.float32)
         gxdt = tl.dot(tl.trans(cb * decay), gy, input_precision=PREC)  # dL/d(x dt)
-        tl.store(gx_ptr + (row[:, None] * H + h) * P + p[None, :], gxdt * dt[:, None], mask=m)
+        tl.store(gx_ptr + (row[:, None] * n_heads + h) * head_dim + p[None, :], gxdt * dt[:, None], mask=m)
         gdt += tl.sum(gxdt * x, 1)
-    tl.store(gdt_ptr + row * H + h, gdt, mask=mt)
+    tl.store(gdt_ptr + row * n_heads + h, gdt, mask=mt)
 
 @triton.jit
-def _ssd_out_state_bwd_kernel(C_ptr, dA_ptr, hs_ptr, h0_ptr, gy_ptr, gdA_ptr, gC_ptr, ghs_ptr, gh0_ptr, L, H, P, G, N, NC,
+def _ssd_out_state_bwd_kernel(C_ptr, dA_ptr, hs_ptr, h0_ptr, gy_ptr, gdA_ptr, gC_ptr, ghs_ptr, gh0_ptr, L, n_heads, head_dim, G, N, NC,
                               HAS_H0: tl.constexpr, Q: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    c, bh = tl.program_id(0), tl.program_id(1)  # all of P in one tile
-    b, h = bh // H, bh % H
-    grp = h // (H // G)
+    c, bh = tl.program_id(0), tl.program_id(1)  # all of p in one tile
+    b, h = bh // n_heads, bh % n_heads
+    grp = h // (n_heads // G)
     p, q = tl.arange(0, BLOCK_P), tl.arange(0, Q)
     t = c * Q + q
-    mt, mp = t < L, p < P
+    mt, mp = t < L, p < head_dim
     ec = tl.exp(tl.cumsum(tl.load(dA_ptr + (bh.to(tl.int64) * NC + c) * Q + q), 0))
     row = b.to(tl.int64) * L + t
-    gy = tl.load(gy_ptr + (row[:, None] * H + h) * P + p[None, :], mask=mt[:, None] & mp[None, :], other=0.0).to(tl.float32)
+    gy = tl.load(gy_ptr + (row[:, None] * n_heads + h) * head_dim + p[None, :], mask=mt[:, None] & mp[None, :], other=0.0).to(tl.float32)
     gc = tl.zeros([Q], tl.float32)  # dL/dc_t
     for n0 in range(0, N, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         mn = n < N
         Cq = tl.load(C_ptr + (row[:, None] * G + grp) * N + n[None, :], mask=mt[:, None] & mn[None, :], other=0.0).to(tl.float32)
-        gyh = tl.dot(gy, _ssd_state_in(hs_ptr, h0_ptr, bh, c, p, n, P, N, NC, HAS_H0), input_precision=PREC)  # (Q, N)
-        tl.store(gC_ptr + (row[:, None] * H + h) * N + n[None, :], ec[:, None] * gyh, mask=mt[:, None] & mn[None, :])  # this head's share
+        gyh = tl.dot(gy, _ssd_state_in(hs_ptr, h0_ptr, bh, c, p, n, head_dim, N, NC, HAS_H0), input_precision=PREC)  # (Q, N)
+        tl.store(gC_ptr + (row[:, None] * n_heads + h) * N + n[None, :], ec[:, None] * gyh, mask=mt[:, None] & mn[None, :])  # this head's share
         gc += ec * tl.sum(Cq * gyh, 1)
-        ghin = tl.dot(tl.trans(gy * ec[:, None]), Cq, input_precision=PREC)  # (P, N)
-        off = (bh.to(tl.int64) * P + p[:, None]) * N + n[None, :]
+        ghin = tl.dot(tl.trans(gy * ec[:, None]), Cq, input_precision=PREC)  # (p, N)
+        off = (bh.to(tl.int64) * head_dim + p[:, None]) * N + n[None, :]
         if c > 0: tl.store(ghs_ptr + off * NC + c - 1, ghin, mask=mp[:, None] & mn[None, :])
         elif HAS_H0: tl.store(gh0_ptr + off, ghin, mask=mp[:, None] & mn[None, :])
     tl.store(gdA_ptr + (bh.to(tl.int64) * NC + c) * Q + q, tl.cumsum(gc, 0, reverse=True))  # c_t contains the steps r <= t
@@ -752,7 +752,7 @@ def _perf_ssd(dtype=torch.float32):
     passes = 3 if dtype == torch.float32 else 1  # tf32x3 or one TF32 pass
     mm = lambda flops: passes * flops
     cb = {"kernel": "_ssd_cb_kernel", "bytes": BC + CB, "flops": mm(2 * b * l * g * Q * n), "tf32": True}
-    st = {"kernel": "_ssd_state_kernel", "bytes": X + BC // 2 + S, "l2_bytes": (n // BN) * X + h * (p // BP) * BC // 2,  # x once per block of N, B once per head and block of P
+    st = {"kernel": "_ssd_state_kernel", "bytes": X + BC // 2 + S, "l2_bytes": (n // BN) * X + h * (p // BP) * BC // 2,  # x once per block of N, B once per head and block of p
           "flops": mm(2 * b * l * h * p * n), "tf32": True, "transcendentals": b * l * h * (p // BP) * (n // BN)}
     sc = {"kernel": "_scan_fwd_kernel (state passing, notebook 10)", "bytes": 2 * S, "flops": 15 * S // 4}  # S read, the states written; the chunk decays (one per head and chunk) are broadcast, not copied
     out = {"kernel": "_ssd_out_kernel", "bytes": X + BC // 2 + CB + S + X, "l2_bytes": h * (p // BP) * (BC // 2 + CB // g),
@@ -827,18 +827,18 @@ def _specs_ssd():
     b, l, h, p, n = SSD_SHAPE
     g, Q, f = 1, 64, torch.float32
     nc = l // Q
-    sizes = dict(L=l, H=h, P=p, G=g, N=n, NC=nc)
+    sizes = dict(L=l, n_heads=h, head_dim=p, G=g, N=n, NC=nc)
     out = []
     for t in (torch.float32, torch.bfloat16):
         (BP, BN, prec), BNb, ty = _ssd_config(p, n, t), _ssd_config(p, n, t, backward=True)[1], str(t).removeprefix("torch.")
-        BPw = max(16, triton.next_power_of_2(p))  # the backward kernels that hold all of P
+        BPw = max(16, triton.next_power_of_2(p))  # the backward kernels that hold all of p
         k = dict(dot=True, vector_loads=True, **_SSD_LAUNCH)
         out += [_spec(_ssd_cb_kernel, ty, dict(C_ptr=t, B_ptr=t, cb_ptr=f, L=l, G=g, N=n, NC=nc), dict(Q=Q, BLOCK_N=BN, PREC=prec), **k),
                 _spec(_ssd_cb_bwd_kernel, ty, dict(C_ptr=t, B_ptr=t, gcb_ptr=f, gC_ptr=f, gB_ptr=f, L=l, G=g, N=n, NC=nc), dict(Q=Q, BLOCK_N=BNb, PREC=prec), **k),
                 _spec(_ssd_state_kernel, ty, dict(x_ptr=t, dt_ptr=t, B_ptr=t, dA_ptr=f, s_ptr=f, **sizes), dict(Q=Q, BLOCK_P=BP, BLOCK_N=BN, PREC=prec), **k),
                 _spec(_ssd_state_bwd_kernel, ty, dict(x_ptr=t, dt_ptr=t, B_ptr=t, dA_ptr=f, gs_ptr=f, gx_ptr=f, gdt_ptr=f, gdA_ptr=f, gB_ptr=f, **sizes),
                       dict(Q=Q, BLOCK_P=BPw, BLOCK_N=BNb, PREC=prec), **k),
-                _spec(_ssd_out_bwd_kernel, ty, dict(x_ptr=t, dt_ptr=t, cb_ptr=f, dA_ptr=f, gy_ptr=t, gx_ptr=f, gdt_ptr=f, gdA_ptr=f, gcb_ptr=f, L=l, H=h, P=p, G=g, NC=nc),
+                _spec(_ssd_out_bwd_kernel, ty, dict(x_ptr=t, dt_ptr=t, cb_ptr=f, dA_ptr=f, gy_ptr=t, gx_ptr=f, gdt_ptr=f, gdA_ptr=f, gcb_ptr=f, L=l, n_heads=h, head_dim=p, G=g, NC=nc),
                       dict(Q=Q, BLOCK_P=16, PREC=prec), num_warps=8, num_stages=1, dot=True, vector_loads=True)]
         for h0 in (False, True):
             v = ty + (", initial state" if h0 else "")
