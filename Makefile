@@ -2,8 +2,10 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build of PyTorch by default; `make TORCH=torch` (or a CUDA wheel spec) for a GPU machine.
+# The CPU build of PyTorch by default, from PyTorch's CPU wheel index (PyPI's Linux wheel of the same version is the CUDA
+# build, with several GB of NVIDIA libraries); `make TORCH=torch TORCH_INDEX=` for PyPI's default build on a GPU machine.
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH)' | tr -c 'A-Za-z0-9.=\n' '_')
 export PYTHONHASHSEED := 0
 # The most seconds one notebook may take in test mode (`make test NB_MAX_SECONDS=...` to change it).
@@ -16,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[dev]"
 	@rm -f $(VENV)/.installed-*
 	@touch $@

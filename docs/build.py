@@ -11,6 +11,7 @@ copy buttons and live search results (MiniSearch over an index prebuilt here).
     python docs/build.py --readme README.md     # README.md from nbs/index.ipynb
 """
 import argparse, ast, base64, html, json, os, re, shutil, string, struct, subprocess, sys, tempfile
+import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
 from pathlib import Path
@@ -152,8 +153,9 @@ def _output_md(o, images: Images, fig: dict, asis=False) -> str:
         if not width and mime == "image/png": width, height = png_display_size(base64.b64decode(b64))
         return figure_html(images.src(mime, b64), str(alt or _plain(str(cap or "")) or "figure"),
                            str(cap) if cap else None, width, height)
-    if "text/markdown" in d: return _text(d["text/markdown"])
+    # HTML before Markdown, as Jupyter ranks them: fastprogress 1.1 sends both, its Markdown being the HTML as a code block
     if "text/html" in d: return '<div class="cell-output-html">\n' + _text(d["text/html"]) + "\n</div>"
+    if "text/markdown" in d: return _text(d["text/markdown"])
     if "text/latex" in d: return _text(d["text/latex"])
     if "text/plain" in d: return _text(d["text/plain"]) if asis else _fence(_text(d["text/plain"]), "text")
     return ""
@@ -348,6 +350,75 @@ def highlight_theme(path: Path, base="pygments", bg=CODE_BG, target=MIN_CONTRAST
     return path
 
 
+# ---------------------------------------------------------------- MathML spacing
+# Browsers typeset pandoc's MathML without TeX's spacing rules in three places that a reader notices:
+# - function names (`\log`, `\exp`, `\max`: `<mi>log</mi><mo>&#8289;</mo>`) get no space: "O(LlogL)", "2cosθ";
+# - `\|` is U+2225 and `|` an `<mo>` in mid-formula, which the operator dictionary spaces like a relation: "‖ M ‖ ≤ 1";
+#   in TeX both are ordinary symbols, without space;
+# - `\bar` is a stretchy U+203E overline that reaches under a following superscript; MathJax uses a macron.
+MATHML = "http://www.w3.org/1998/Math/MathML"
+THIN = "0.1667em"  # TeX's \, : the space between an ordinary symbol and a function name
+_SCRIPTS = {"msub", "msup", "msubsup", "munder", "mover", "munderover"}
+
+
+def _local(el) -> str: return el.tag.rpartition("}")[2]
+
+
+def _is_function(el) -> bool:
+    "An `<mrow>` holding a function name (two or more letters in an upright `<mi>`) and the invisible function application."
+    kids = list(el)
+    return (_local(el) == "mrow" and len(kids) == 2 and _local(kids[0]) == "mi" and len((kids[0].text or "").strip()) > 1
+            and _local(kids[1]) == "mo" and (kids[1].text or "") == "\u2061")
+
+
+_BARS = {"|", "\u2016", "\u2225"}  # ordinary symbols in TeX, operators in MathML
+
+
+def _is_op(el) -> bool:
+    "An operator, fence or space: it brings its own spacing (or wants none) next to a function name. Bars do not."
+    return el is not None and (_local(el) == "mspace" or _local(el) == "mo" and (el.text or "").strip() not in _BARS)
+
+
+def _opens(el) -> bool:
+    "Does `el` begin with an operator, fence or space?"
+    while el is not None and _local(el) in {"mrow", "mstyle"} and len(el): el = el[0]
+    return _is_op(el)
+
+
+def _tidy_math(root) -> None:
+    parents = {c: p for p in root.iter() for c in p}
+    for fn in [el for el in root.iter() if _is_function(el)]:
+        atom = fn  # the function with its limits or scripts (\log_2, \max_n) is the unit that gets the spaces
+        if parents.get(atom) is not None and _local(parents[atom]) in _SCRIPTS and parents[atom][0] is atom: atom = parents[atom]
+        box = parents.get(atom)
+        if box is None: continue
+        i = list(box).index(atom)
+        before, after = (box[i - 1] if i > 0 else None), (box[i + 1] if i + 1 < len(box) else None)
+        space = lambda: ET.Element(f"{{{MATHML}}}mspace", width=THIN)
+        if after is not None and not _opens(after) and _local(box) not in _SCRIPTS: box.insert(i + 1, space())
+        if before is not None and not _is_op(before) and _local(box) not in _SCRIPTS: box.insert(i, space())
+    for mo in root.iter(f"{{{MATHML}}}mo"):
+        if (mo.text or "").strip() in _BARS and "lspace" not in mo.attrib and mo.get("stretchy") != "true":
+            if mo.text.strip() == "\u2225": mo.text = "\u2016"  # pandoc writes \| as "parallel to"; the norm is the double bar
+            mo.set("lspace", "0"); mo.set("rspace", "0")
+    for mover in root.iter(f"{{{MATHML}}}mover"):
+        if len(mover) == 2 and _local(mover[0]) in {"mi", "mn"} and (mover[1].text or "") == "\u203e" and mover[1].get("accent") == "true":
+            mover[1].text = "\u00af"; mover[1].set("stretchy", "false")
+
+
+def tidy_mathml(html_: str) -> str:
+    "Every `<math>` of a page with TeX's spacing around function names and bars, and `\\bar` as a macron (see above)."
+    def one(m):
+        try: root = ET.fromstring(m[0])
+        except ET.ParseError: return m[0]  # not well-formed XML: leave it as pandoc wrote it
+        _tidy_math(root)
+        return ET.tostring(root, encoding="unicode", short_empty_elements=False)
+    return re.sub(r"<math\b.*?</math>", one, html_, flags=re.S)
+
+
+ET.register_namespace("", MATHML)
+
+
 # ---------------------------------------------------------------- HTML pages
 PAGE = string.Template((HERE / "template.html").read_text())
 # Pandoc renders the pieces; Python puts them into template.html.
@@ -378,6 +449,22 @@ def nav_html(pages, current):
     return '<ul class="nav">\n' + "\n".join(items) + "\n</ul>"
 
 
+def table_labels(body: str) -> str:
+    """Each body cell of a table with a header row gets its column's heading as `data-label`, so that a table can be
+    laid out as one card per row on a phone (style.css does it for the landing page's course table)."""
+    def one(m):
+        t = m[0]
+        head = re.search(r"<thead>(.*?)</thead>", t, re.S)
+        if not head: return t
+        labels = [html.escape(re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", "", h))).strip(), quote=True)
+                  for h in re.findall(r"<th\b[^>]*>(.*?)</th>", head[1], re.S)]
+        def row(r):
+            k = iter(labels)
+            return re.sub(r"<td\b", lambda _: f'<td data-label="{next(k, "")}"', r[0])
+        return t[:head.end()] + re.sub(r"<tr\b.*?</tr>", row, t[head.end():], flags=re.S)
+    return re.sub(r"<table\b.*?</table>", one, body, flags=re.S)
+
+
 def _permalinks(body: str) -> str:
     "A `#` link in each section heading, pointing at the section (pandoc puts the id on the `<section>`)."
     pat = re.compile(r'(<section id="(?P<id>[^"]+)"[^>]*>\s*<h(?P<lvl>[1-6])[^>]*>)(?P<text>.*?)</h(?P=lvl)>', re.S)
@@ -392,8 +479,8 @@ def _strip_toc_ids(toc: str) -> str:
 def render_page(page, pages, i, cfg, theme, fragment) -> str:
     "One finished HTML page."
     md, images = page["md"], page["images"]
-    title, description, toc, body = _pandoc_html(md, theme, fragment)
-    body = images.restore(_permalinks(body))
+    title, description, toc, body = (tidy_mathml(s) for s in _pandoc_html(md, theme, fragment))
+    body = images.restore(_permalinks(table_labels(body)))
     nb = page["nb"]
     colab = f"https://colab.research.google.com/github/{cfg.user}/{cfg.repo}/blob/{cfg.branch}/{cfg.nbs_path.name}/{nb.name}"
     source = (f'Source notebook: <a href="nbs/{nb.name}" download>{cfg.nbs_path.name}/{nb.name}</a>'

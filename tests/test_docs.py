@@ -104,7 +104,10 @@ const prose = [];
 const walker = doc.createTreeWalker(doc.querySelector("main") || doc.body, NodeFilter.SHOW_TEXT, {acceptNode: n =>
   n.parentElement.closest("code, pre, math, script, style") ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
 while (walker.nextNode()) prose.push(walker.currentNode.data);
+// the landing page's course table: one card per notebook on a phone, every cell inside the screen
+const cells = [...doc.querySelectorAll(".course-table td")].map(td => td.getBoundingClientRect().right);
 return {scrollWidth: doc.documentElement.scrollWidth, viewport: vw, wide: wide.slice(0, 8), braces,
+        courseCells: cells.length, courseRight: Math.round(Math.max(0, ...cells)),
         maths: doc.querySelectorAll("math").length, mathml: doc.querySelectorAll("math mi, math mrow").length,
         tex: (prose.join(" ").match(/\$\$?[^$\s][^$]*\$/g) || []).slice(0, 3),
         font: [...doc.fonts].filter(f => f.family.replace(/"/g, "") === "STIX Two Math").map(f => f.status)};
@@ -154,6 +157,12 @@ def test_nothing_wider_than_a_phone(phone):
     "At 390 px no page scrolls sideways: wide tables, code and equations scroll inside their own boxes."
     wide = {p: r["wide"] for p, r in phone.items() if r["wide"] or r["scrollWidth"] > r["viewport"] + 1}
     assert not wide, f"elements wider than the {PHONE} px viewport: {wide}"
+
+
+def test_course_table_fits_a_phone(phone):
+    "On a phone the landing page's table is one card per notebook: what each notebook shows is on screen, not scrolled off."
+    r = phone["index.html"]
+    assert r["courseCells"] >= 4 * 15 and r["courseRight"] <= r["viewport"], r
 
 
 def test_search_works_offline(site):
@@ -278,6 +287,48 @@ def test_cell_options_honoured():
     opts, _ = build.cell_options("#| fig-cap: [one, two]\n#| code-fold: show\nx")
     assert opts == {"fig-cap": ["one", "two"], "code-fold": "show"}
     assert build.cell_options("#| fig-cap: a: b\nx")[0] == {"fig-cap": "a: b"}  # not YAML: read line by line
+
+
+def test_html_output_preferred_to_markdown():
+    "An output with both HTML and Markdown shows the HTML, as Jupyter does (fastprogress 1.1's Markdown is its HTML as a code block)."
+    o = {"output_type": "display_data", "data": {"text/html": '<table class="fastprogress"><tr><td>1</td></tr></table>',
+                                                 "text/markdown": "```html\n<table>\n```", "text/plain": "<table>"}}
+    md = build._output_md(o, build.Images(), {"n": 0})
+    assert md.startswith('<div class="cell-output-html">') and 'class="fastprogress"' in md and "```" not in md
+    assert build._output_md({"output_type": "display_data", "data": {"text/markdown": "**a**"}}, build.Images(), {"n": 0}) == "**a**"
+
+
+def test_mathml_spacing_like_tex():
+    "Function names get TeX's thin spaces (none before a parenthesis, none inside a subscript), bars none, `\\bar` a macron."
+    def mathml(tex):
+        out = build.tidy_mathml(build.pypandoc.convert_text(f"${tex}$", "html5", format="markdown", extra_args=["--mathml"]))
+        return re.sub(r"<annotation.*?</annotation>", "", out, flags=re.S)
+    thin = '<mspace width="0.1667em"></mspace>'
+    fn = lambda name: f'<mrow><mi mathvariant="normal">{name}</mi><mo>\u2061</mo></mrow>'
+    assert f"<mi>L</mi>{thin}{fn('log')}{thin}<mi>L</mi>" in mathml(r"O(L\log L)")
+    assert f'{fn("exp")}<mo stretchy="false" form="prefix">(</mo>' in mathml(r"\exp(x)")
+    assert f"{fn('log')}<mn>2</mn></msub>{thin}<mi>L</mi>" in mathml(r"\log_2 L")
+    assert f"<mo>=</mo>{fn('log')}{thin}" in mathml(r"y = \log x")  # the relation brings its own space
+    norm = mathml(r"\|M/2^s\| \le 1")
+    assert norm.count('lspace="0" rspace="0">\u2016</mo>') == 2 and "\u2225" not in norm
+    assert '<mo accent="true" stretchy="false">\u00af</mo>' in mathml(r"\bar A^l") and 'stretchy="false"' not in mathml(r"\overline{AB}")
+    assert build.tidy_mathml("<p>a <math>not xml</p>") == "<p>a <math>not xml</p>"
+
+
+def test_table_cells_labelled():
+    "Each body cell carries its column's heading (for the phone layout); tables without a header are left alone."
+    t = '<table><thead><tr><th>#</th><th>What <em>it</em> does</th></tr></thead><tbody><tr><td>1</td><td>x</td></tr></tbody></table>'
+    assert '<td data-label="#">1</td><td data-label="What it does">x</td>' in build.table_labels(t)
+    assert build.table_labels("<table><tr><td>1</td></tr></table>") == "<table><tr><td>1</td></tr></table>"
+
+
+def test_landing_page_lists_every_notebook(site):
+    "The landing page's course table has one row per notebook, in course order, each cell labelled with its column."
+    s = (site / "index.html").read_text()
+    table = re.search(r'<div class="course-table">\s*<table.*?</table>', s, re.S)[0]
+    rows = re.findall(r"<tr\b.*?</tr>", table.split("</thead>")[1], re.S)
+    assert [re.search(r'href="([^"#]+\.html)"', r)[1] for r in rows] == [build.page_name(nb) for nb in build.notebooks(ROOT / "nbs")[1:]]
+    assert all(re.findall(r'<td data-label="([^"]*)"', r) == ["#", "Notebook", "What it teaches", "What it reproduces or checks"] for r in rows)
 
 
 def test_markdown_outputs_link_offline(site):

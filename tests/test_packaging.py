@@ -70,29 +70,65 @@ def _closure(reqs):
     return seen
 
 
-def test_course_extra_runs_every_notebook():
-    """Every third-party module a notebook imports is installed by `pip install -e ".[course]"` (the library's
-    dependencies and the `course` extra, with what they pull in), except the two named here with their reason."""
-    import ast, json
+def _direct(reqs):
+    "Canonical names of the distributions that `reqs` name (markers evaluated for this machine)."
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    return {canonicalize_name(r.name) for r in map(Requirement, reqs) if r.marker is None or r.marker.evaluate({"extra": ""})}
+
+
+def _third_party_imports(sources):
+    "{top-level module: {file names}} for the absolute imports in `sources` ((name, code) pairs), stdlib left out."
+    import ast
+    found = {}
+    for name, src in sources:
+        src = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith(("%", "!")))  # IPython magics
+        for node in ast.walk(ast.parse(src)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            for mod in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"ssm_course"}:
+                found.setdefault(mod, set()).add(name)
+    return found
+
+
+def _undeclared(imports, declared, via=()):
+    """Modules in `imports` whose distribution is not a `declared` requirement. A module imported directly must be
+    declared directly, not arrive as a dependency of a dependency (mpmath comes with torch through sympy today, and
+    would vanish with that chain); `via` names the few that may, each with its reason, and they must still be installed."""
     from importlib.metadata import packages_distributions
     from packaging.utils import canonicalize_name
+    dists = packages_distributions()
+    # a top-level extension module (ducc0.cpython-311-...so) is missing from packages_distributions(): its name is its distribution
+    return {mod: files for mod, files in imports.items() if mod not in via
+            and not any(canonicalize_name(d) in declared for d in dists.get(mod, [mod]))}
+
+
+def test_course_extra_runs_every_notebook():
+    """Every third-party module a notebook imports is a direct requirement of `pip install -e ".[course]"` (the
+    library's dependencies or the `course` extra), except the few named here with their reason."""
+    import json
     optional = {"mambapy": "notebook 14's peer, in the [bench] extra, skipped when missing",
                 "torchvision": "only for sequential_images(download=True), which needs the internet anyway"}
+    via = {"IPython": "the Jupyter kernel itself (jupyterlab -> ipykernel -> ipython)"}
     proj = _pyproject()
-    provided = _closure(proj["dependencies"] + proj["optional-dependencies"]["course"])
-    dists, missing = packages_distributions(), {}
-    for nb in sorted((ROOT / "nbs").glob("*.ipynb")):
-        for cell in json.loads(nb.read_text())["cells"]:
-            if cell["cell_type"] != "code": continue
-            src = "\n".join(l for l in "".join(cell["source"]).splitlines() if not l.lstrip().startswith(("%", "!")))
-            for node in ast.walk(ast.parse(src)):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                        [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
-                for mod in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"ssm_course"} - set(optional):
-                    # a top-level extension module (ducc0.cpython-311-...so) is missing from packages_distributions()
-                    if not any(canonicalize_name(d) in provided for d in dists.get(mod, [mod])): missing.setdefault(mod, set()).add(nb.name)
-    assert not missing, f"notebooks import modules that [course] does not install: {missing}"
+    reqs = proj["dependencies"] + proj["optional-dependencies"]["course"]
+    cells = [(nb.name, "".join(c["source"])) for nb in sorted((ROOT / "nbs").glob("*.ipynb"))
+             for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
+    imports = {m: f for m, f in _third_party_imports(cells).items() if m not in optional}
+    missing = _undeclared(imports, _direct(reqs), via)
+    assert not missing, f"notebooks import modules that [course] does not declare: {missing}"
+    assert {"ipython"} <= _closure(reqs), "IPython must come with [course]'s jupyterlab"
     assert "mambapy" in proj["optional-dependencies"]["bench"]
+
+
+def test_dev_extra_runs_every_test():
+    "Every third-party module that tests/ and docs/build.py import is a direct requirement of `pip install -e \".[dev]\"`."
+    proj = _pyproject()
+    files = sorted((ROOT / "tests").glob("*.py")) + [ROOT / "docs" / "build.py"]
+    local = {p.stem for p in files}  # conftest, build (docs/build.py), test modules importing each other
+    imports = {m: f for m, f in _third_party_imports([(p.name, p.read_text()) for p in files]).items() if m not in local}
+    missing = _undeclared(imports, _direct(proj["dependencies"] + proj["optional-dependencies"]["dev"]))
+    assert not missing, f"tests import modules that [dev] does not declare: {missing}"
 
 
 def test_triton_floor_is_the_tested_one():
