@@ -9,10 +9,12 @@ __all__ = ['KDIAG_SHAPE', 'SELECTIVE_SHAPE', 'SSD_SHAPE', 'ssm_kernel_diag_trito
            'selective_forward_triton', 'ssd_triton', 'perf_model', 'compile_specs']
 
 # %% ../nbs/11_triton_ssm.ipynb #02edea36
-import math, os
+import functools, math, os
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 import triton
 import triton.language as tl
 from .checks import check_size
@@ -726,6 +728,57 @@ def _perf_kdiag():
                                                                    "fp32_flops": poly, "transcendentals": special}]))
     return rows
 
+class _ATenOps(TorchDispatchMode):
+    "Records each ATen operation run under it: its name, the bytes it reads and writes (views and aliases move none), whether it launches a kernel or waits for the device."
+    def __init__(self): super().__init__(); self.ops = []
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        ins = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
+        outs = [x for x in tree_flatten(out)[0] if isinstance(x, Tensor)]
+        ptrs = {x.untyped_storage().data_ptr() for x in ins}
+        alias = bool(outs) and all(o.untyped_storage().data_ptr() in ptrs for o in outs) and not func._schema.name.endswith("_")  # a view, not an in-place op
+        size = lambda x: math.prod(s for s, st in zip(x.shape, x.stride()) if st) * x.element_size()  # a broadcast axis is read once
+        self.ops.append(dict(op=str(func), bytes=0 if alias else sum(map(size, ins)) + sum(o.numel() * o.element_size() for o in outs),
+                             kernel=bool(outs) and not alias, sync=func is torch.ops.aten._local_scalar_dense.default,
+                             ins=[(tuple(x.shape), x.dtype) for x in ins], outs=[(tuple(o.shape), o.dtype) for o in outs]))
+        return out
+
+_F64_INSTRUCTIONS = {"exp": 17, "sin": 15, "cos": 15}  # float64 arithmetic instructions of libdevice's exp, sin, cos (PTX, sm_80 and sm_90; section 5)
+
+def _aten_flops(o):
+    "(float32 flops, float64 flops) of one recorded operation: batched matrix products, and complex128 exponentials at 2 flops per float64 instruction."
+    if o["op"] == "aten.bmm.default":
+        (b, m, k), (_, _, n) = o["ins"][0][0], o["ins"][1][0]
+        return (8 if o["ins"][0][1].is_complex else 2) * b * m * n * k, 0  # a complex multiply-add is 8 real flops
+    if o["op"] == "aten.exp.default" and o["outs"][0][1] == torch.complex128:
+        return 0, 2 * sum(_F64_INSTRUCTIONS.values()) * math.prod(o["outs"][0][0])  # e^x (cos y + i sin y)
+    return 0, 0
+
+@functools.cache
+def _trace_kdiag_torch(H, N, L):
+    "The ATen operations of notebook 06's blocked `ssm_kernel_diag` (forward, backward) for H channels of N states, on the CPU (traced once per shape)."
+    from ssm_course.conv import ssm_kernel_diag
+    g = torch.Generator().manual_seed(0)
+    dA = (0.9 * torch.exp(2j * math.pi * torch.rand(H, N, generator=g, dtype=torch.float64))).to(torch.complex64)  # no zero eigenvalue
+    xs = [x.requires_grad_() for x in (dA, *torch.randn(2, H, N, generator=g, dtype=torch.complex64))]
+    gK = torch.randn(H, L, generator=g, dtype=torch.complex64)
+    with _ATenOps() as fwd: K = ssm_kernel_diag(*xs, L, backend="torch")
+    with _ATenOps() as bwd: torch.autograd.grad(K, xs, gK)
+    return fwd.ops, bwd.ops
+
+def _perf_kdiag_torch():
+    H, N, L = KDIAG_SHAPE
+    rows = []
+    for direction, ops1, ops2 in zip(("fwd", "bwd"), _trace_kdiag_torch(1, N, L), _trace_kdiag_torch(2, N, L)):
+        assert [o["op"] for o in ops1] == [o["op"] for o in ops2]
+        at_H = lambda v1, v2: v1 + (H - 1) * (v2 - v1)  # affine in H
+        kernels = [{"kernel": o1["op"], "bytes": at_H(o1["bytes"], o2["bytes"]), "flops": at_H(_aten_flops(o1)[0], _aten_flops(o2)[0]),
+                    "fp32_flops": 2 * at_H(_aten_flops(o1)[1], _aten_flops(o2)[1])}  # float64 at half the float32 rate
+                   for o1, o2 in zip(ops1, ops2) if o1["kernel"]]
+        rows.append(dict(_op("ssm_kernel_diag (torch, blocked)", direction, KDIAG_SHAPE, kernels, "complex64"),
+                         launches=len(kernels), syncs=sum(o["sync"] for o in ops1)))
+    return rows
+
 # %% ../nbs/11_triton_ssm.ipynb #k4cd0003
 def _perf_selective():
     b, d, n, l = SELECTIVE_SHAPE
@@ -774,8 +827,8 @@ def _perf_ssd(dtype=torch.float32):
     return [fwd, bwd]
 
 def perf_model()->list: # one dict per op and direction at the bench/gpu.py shapes
-    "Bytes, flops and special functions of notebook 11's ops, counted from the kernels' loads, stores and arithmetic (the breakdown in `kernels`)."
-    return _perf_kdiag() + _perf_selective() + _perf_ssd()  # float32, as bench/gpu.py times them
+    "Bytes, flops and special functions of notebook 11's ops, counted from the kernels' loads, stores and arithmetic (the breakdown in `kernels`), and of the blocked PyTorch `ssm_kernel_diag`, counted from the operations it runs."
+    return _perf_kdiag() + _perf_kdiag_torch() + _perf_selective() + _perf_ssd()  # float32, as bench/gpu.py times them
 
 # %% ../nbs/11_triton_ssm.ipynb #k6cd0003
 _TY = {torch.float32: "*fp32", torch.float64: "*fp64", torch.bfloat16: "*bf16", torch.float16: "*fp16"}

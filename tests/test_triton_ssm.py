@@ -273,3 +273,29 @@ def test_unsupported_arguments_raise_instead_of_falling_back():
     with pytest.raises(ValueError, match="float32"): selective_scan_triton(u.double(), u.double(), -torch.ones(2, 3), torch.ones(2, 3), torch.ones(2, 3))
     kw = ssd_inputs(torch.Generator().manual_seed(0), l=4, h0=False)
     with pytest.raises(ValueError, match="float32"): ssd_triton(**{k: v.double() for k, v in kw.items()})
+
+
+# ---------------------------------------------------------------- the performance model of the blocked PyTorch ssm_kernel_diag
+
+def test_aten_op_counter_bytes():
+    "The op counter behind the blocked path's model: a view moves nothing, an op reads its inputs (a broadcast axis once) and writes its output."
+    from ssm_course.triton_ssm import _ATenOps
+    x = torch.randn(4, 8, dtype=torch.complex128)
+    with _ATenOps() as m:
+        v = x[None].expand(3, 4, 8)  # views
+        y = torch.exp(v + v)  # reads 2 x 32, writes 96; reads 96, writes 96 (complex128: 16 bytes)
+    ops = [(o["op"], o["bytes"], o["kernel"]) for o in m.ops]
+    assert ops == [("aten.unsqueeze.default", 0, False), ("aten.expand.default", 0, False),
+                   ("aten.add.Tensor", 16 * (2 * 32 + 96), True), ("aten.exp.default", 16 * 2 * 96, True)]
+
+
+def test_perf_model_blocked_torch_path():
+    "perf_model counts notebook 06's blocked ssm_kernel_diag from the operations it runs: memory-bound, its kernels summing to the row."
+    from ssm_course.triton_ssm import perf_model
+    rows = {r["direction"]: r for r in perf_model() if r["op"] == "ssm_kernel_diag (torch, blocked)"}
+    assert set(rows) == {"fwd", "bwd"}
+    for r in rows.values():
+        assert r["bytes"] == sum(k["bytes"] for k in r["kernels"]) and r["flops"] == sum(k["flops"] + k["fp32_flops"] for k in r["kernels"])
+        assert r["bytes"] / 4.3e12 > r["flops"] / 67e12  # memory-bound at the H200's copy bandwidth and float32 peak
+    H, N, L = 1024, 64, 16384
+    assert sum(k["flops"] for k in rows["fwd"]["kernels"]) == 8 * H * N * L  # one complex matrix product: (L/T, N) x (N, T) per channel
