@@ -731,7 +731,7 @@ def _perf_kdiag():
 class _ATenOps(TorchDispatchMode):
     "Records each ATen operation run under it: its name, the bytes it reads and writes (views and aliases move none), whether it launches a kernel or waits for the device."
     def __init__(self): super().__init__(); self.ops = []
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func, types, args=(), kwargs:dict|None=None):
         out = func(*args, **(kwargs or {}))
         ins = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
         outs = [x for x in tree_flatten(out)[0] if isinstance(x, Tensor)]
@@ -767,6 +767,7 @@ def _trace_kdiag_torch(H, N, L):
     return fwd.ops, bwd.ops
 
 def _perf_kdiag_torch():
+    "Rows for notebook 06's blocked PyTorch `ssm_kernel_diag` at `KDIAG_SHAPE`: its traced operations' counts at $H$ = 1 and 2, extrapolated to all $H$ channels."
     H, N, L = KDIAG_SHAPE
     rows = []
     for direction, ops1, ops2 in zip(("fwd", "bwd"), _trace_kdiag_torch(1, N, L), _trace_kdiag_torch(2, N, L)):
