@@ -360,12 +360,12 @@ class Mamba(nn.Module):
                  dt_rank:int|None=None, # rank of the $\Delta$ projection (default: $\lceil H/16 \rceil$)
                  dt_min:float=1e-3, # smallest initial step
                  dt_max:float=1e-1, # largest initial step
-                 init:str="real", # A's initialization: "real" (S4D-Real, Mamba's), or complex "lin", "inv", "legs" (notebook 06)
+                 init:str="real", # A's initialization: "real" (S4D-Real, Mamba's), "mimetic" (real, then notebook 13c's `mimetic_init_`), or complex "lin", "inv", "legs" (notebook 06)
                 ):
         super().__init__()
-        check_choice(init, "init", set(S4D_INITS)); _check_dt_range(dt_min, dt_max)
+        check_choice(init, "init", {*S4D_INITS, "mimetic"}); _check_dt_range(dt_min, dt_max)
         H, d_state, d_conv = check_size(d_model, "d_model"), check_size(d_state, "d_state"), check_size(d_conv, "d_conv")
-        d, self.complex = check_size(expand, "expand") * H, init != "real"
+        d, self.complex = check_size(expand, "expand") * H, init not in ("real", "mimetic")
         self.d_model, self.d_inner, self.d_state, self.d_conv = H, d, d_state, d_conv
         self.dt_rank = math.ceil(H / 16) if dt_rank is None else check_size(dt_rank, "dt_rank")
         self.in_proj = nn.Linear(H, 2 * d, bias=False)
@@ -374,11 +374,12 @@ class Mamba(nn.Module):
         self.dt_proj = nn.Linear(self.dt_rank, d)
         dt = log_uniform_dt((d,), dt_min, dt_max)
         with torch.no_grad(): self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
-        Lambda = s4d_init(init, d_state if init == "real" else 2 * d_state, torch.complex128)[0]  # d_state real, or d_state complex states
+        Lambda = s4d_init(init, 2 * d_state, torch.complex128)[0] if self.complex else s4d_init("real", d_state, torch.complex128)[0]  # d_state complex or real states
         self.A_log = nn.Parameter(torch.log(-Lambda.real).float().repeat(d, 1))
         if self.complex: self.A_imag = nn.Parameter(Lambda.imag.float().repeat(d, 1))
         self.D = nn.Parameter(torch.ones(d))
         self.out_proj = nn.Linear(d, H, bias=False)
+        if init == "mimetic": mimetic_init_(self)  # defined with notebook 13c's cells, later in the same module
 
     def A(self)->Tensor: # (d_inner, d_state), real or complex
         "The continuous state matrix's diagonal."
@@ -557,7 +558,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
-from .checks import check_size
+from .checks import check_positive, check_size
 
 # %% ../nbs/13c_recall.ipynb #379e86ff
 def rope(
@@ -614,10 +615,10 @@ LAYERS["attention"] = CausalAttention  # SequenceModel(layer="attention")
 # %% ../nbs/13c_recall.ipynb #04348e8e
 def mimetic_init_(
     model:nn.Module, # a Mamba layer, or any module holding Mamba layers (e.g. a SequenceModel)
-    a:float=0.01, # every state's $A_n = -a$: the per-step decay $e^{-\Delta a}$ stays close to 1
+    a:float=0.01, # every state's $A_n = -a$ (positive): the per-step decay $e^{-\Delta a}$ stays close to 1
 )->nn.Module: # `model`, initialized in place
     "Mimetic initialization (Trockman et al. 2024) of every Mamba layer in `model`: $A_n = -a$ and the $C$ projection equal to the $B$ projection."
-    if not (isinstance(a, (int, float)) and not isinstance(a, bool) and a > 0): raise ValueError(f"a must be a positive number, got {a!r}")
+    a = float(check_positive(a, "a"))
     layers = [m for m in model.modules() if isinstance(m, Mamba)]
     if not layers: raise TypeError(f"model must be a Mamba layer or hold one, got {type(model).__name__} without any")
     for m in layers:

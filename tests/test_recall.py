@@ -133,8 +133,48 @@ def test_mimetic_matrix_has_a_nonnegative_diagonal_and_slow_decay():
 @pytest.mark.parametrize("make, exc, match", [
     (lambda: mimetic_init_(Mamba(4, init="lin")), ValueError, "real A"),
     (lambda: mimetic_init_(torch.nn.Linear(3, 3)), TypeError, "Mamba"),
-    (lambda: mimetic_init_(Mamba(4), a=0.0), ValueError, "a must be a positive number"),
-    (lambda: mimetic_init_(Mamba(4), a=True), ValueError, "a must be a positive number"),
+    (lambda: mimetic_init_(Mamba(4), a=0.0), ValueError, "a must be positive"),
+    (lambda: mimetic_init_(Mamba(4), a=float("nan")), ValueError, "a must be positive"),
+    (lambda: mimetic_init_(Mamba(4), a=True), TypeError, "a must be a real number"),
+    (lambda: mimetic_init_(Mamba(4), a="0.1"), TypeError, "a must be a real number"),
+    (lambda: Mamba(4, init="mimetc"), ValueError, "init must be one of"),
 ])
 def test_mimetic_bad_input(make, exc, match):
     with pytest.raises(exc, match=match): make()
+
+
+def test_mamba_init_mimetic_is_mimetic_init_applied_to_the_default():
+    "Mamba(init='mimetic') == mimetic_init_(Mamba()) under the same seed: real A, then A_n = -0.01 and C's rows = B's rows."
+    torch.manual_seed(7); a = Mamba(4, d_state=5, init="mimetic")
+    torch.manual_seed(7); b = mimetic_init_(Mamba(4, d_state=5))
+    assert not a.complex and a.state_dict().keys() == b.state_dict().keys()
+    assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    torch.manual_seed(8); m = SequenceModel(3, d_model=8, n_layers=2, layer="mamba", vocab_size=5, pool=None, d_state=4, init="mimetic")
+    assert all(torch.equal(layer.A(), torch.full((16, 4), -0.01)) for layer in m.layers)
+
+
+@pytest.mark.parametrize("kw", [dict(n_pairs=4, V=8), dict(n_pairs=1, V=1), dict(n_pairs=8, V=8)])
+def test_multi_query_recall_contract(kw):
+    "Reproducible, shaped (n, 3 n_pairs); every key queried once after the pairs; each target is the value stored after that key."
+    from ssm_course.tasks import IGNORE, multi_query_recall
+    x, y = multi_query_recall(6, g=torch.Generator().manual_seed(1), **kw)
+    x2, y2 = multi_query_recall(6, g=torch.Generator().manual_seed(1), **kw)
+    n, V = kw["n_pairs"], kw["V"]
+    assert torch.equal(x, x2) and torch.equal(y, y2) and x.shape == y.shape == (6, 3 * n)
+    keys, vals = x[:, 0:2 * n:2], x[:, 1:2 * n:2]
+    assert (keys < V).all() and (vals >= V).all() and (vals < 2 * V).all() and (y[:, :2 * n] == IGNORE).all()
+    assert all(len(set(k.tolist())) == n for k in keys) and torch.equal(x[:, 2 * n:].sort(-1).values, keys.sort(-1).values)
+    for xi, yi, k, v in zip(x, y, keys, vals):
+        table = dict(zip(k.tolist(), (v - V).tolist()))
+        assert [table[q] for q in xi[2 * n:].tolist()] == yi[2 * n:].tolist()
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(n_pairs=9, V=8), ValueError, "n_pairs must be at most V"),
+    (dict(n_pairs=0), ValueError, "n_pairs must be at least 1"),
+    (dict(n_pairs=2.0), TypeError, "n_pairs must be an integer"),
+    (dict(V=True), TypeError, "V must be an integer"),
+])
+def test_multi_query_recall_bad_input(kw, exc, match):
+    from ssm_course.tasks import multi_query_recall
+    with pytest.raises(exc, match=match): multi_query_recall(3, **kw)
