@@ -455,8 +455,9 @@ if __name__ == "__main__" and not in_ipython(): main()  # a script, not a notebo
 def triton_ms(gpu:dict|None, # a committed GPU run (the JSON of `bench/gpu.sh`), or None
               op:str, # the op and direction, e.g. `"scan fwd"`
               shape:list, # the benchmark shape
+              backend:str="triton", # which of our paths: `"triton"`, or `"torch, blocked"` for `ssm_kernel_diag`'s PyTorch path
              )->float|None: # median milliseconds, or None if not timed
-    "Our Triton kernels' time for `op` at `shape`: rows whose implementation starts with `ssm_course` and names Triton, not the configuration sweep's (`tune:`); the fastest if several entry points were timed."
-    t = [x["ms"] for x in (gpu or {}).get("timings", []) if x["op"] == op and x["impl"].startswith("ssm_course") and "triton" in x["impl"]
+    "Our kernels' time for `op` at `shape`: rows whose implementation starts with `ssm_course` and names `backend`, not the configuration sweep's (`tune:`); the fastest if several entry points were timed."
+    t = [x["ms"] for x in (gpu or {}).get("timings", []) if x["op"] == op and x["impl"].startswith("ssm_course") and backend in x["impl"]
          and not (x.get("note") or "").startswith("tune:") and list(x["shape"]) == list(shape) and x["ms"]]
     return min(t) if t else None

@@ -68,3 +68,4 @@ def test_triton_ms_picks_our_kernels_only():
                        row("ssm_course (triton)", 3.0, shape=(1, 2, 3)), row("ssm_course selective_scan(backend='triton')", 1.2)]}
     assert triton_ms(gpu, "scan fwd", [8, 16, 64]) == 1.0 and triton_ms(gpu, "scan bwd", (8, 16, 64)) == 2.0
     assert triton_ms(gpu, "ssd fwd", [8, 16, 64]) is None and triton_ms(None, "scan fwd", [8, 16, 64]) is None
+    assert triton_ms(gpu, "scan fwd", [8, 16, 64], "torch, blocked") == 0.1  # ssm_kernel_diag's PyTorch path, modelled beside the kernel
