@@ -4,7 +4,7 @@ search, working internal links, and a README in sync with nbs/index.ipynb.
 
 The browser checks run in headless Chromium (Debian: `apt-get install chromium-headless-shell`). Without it they are
 skipped, unless SSM_COURSE_REQUIRE_BROWSER=1 (as `.ci/run` sets), where a missing browser is an error."""
-import html, html.parser, json, re, subprocess, sys, tempfile
+import html, html.parser, json, math, re, subprocess, sys, tempfile
 from pathlib import Path
 import pytest
 import conftest
@@ -329,6 +329,36 @@ def test_landing_page_lists_every_notebook(site):
     rows = re.findall(r"<tr\b.*?</tr>", table.split("</thead>")[1], re.S)
     assert [re.search(r'href="([^"#]+\.html)"', r)[1] for r in rows] == [build.page_name(nb) for nb in build.notebooks(ROOT / "nbs")[1:]]
     assert all(re.findall(r'<td data-label="([^"]*)"', r) == ["#", "Notebook", "What it teaches", "What it reproduces or checks"] for r in rows)
+
+
+def _numbers(text: str) -> list[float]:
+    "The numbers in Markdown or code: `10^{-14}`, `2\\cdot10^{-7}`, `1e-5`, `2,000` and `72.6` read as the values they write."
+    text = re.sub(r"(\d+(?:\.\d+)?)\s*(?:\\cdot|\\times)\s*10\^\{?(-?\d+)\}?", r"\1e\2", text)  # 2\cdot10^{-7} -> 2e-7
+    text = re.sub(r"(?<![\d.])10\^\{?(-?\d+)\}?", r"1e\1", text)  # 10^{-14} -> 1e-14
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)  # 2,000 -> 2000
+    return [float(m) for m in re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:e-?\d+)?|(?<=[A-Za-z_])\d+", text)]
+
+
+def test_landing_page_numbers_come_from_the_notebooks():
+    """Every number in the landing page's "reproduces or checks" column appears in its notebook (prose, code or committed
+    outputs; a fraction there may be quoted as a percentage), so a rerun that changes a result cannot leave the landing
+    page behind. Small counts (up to 10: seeds, "5 of 5") are left out."""
+    index = "".join(json.loads((ROOT / "nbs" / "index.ipynb").read_text())["cells"][1]["source"])
+    rows = [r for r in index.splitlines() if re.match(r"\|\s*\d+[a-z]?\s*\|", r)]
+    assert len(rows) == len(build.notebooks(ROOT / "nbs")) - 1
+    for row in rows:
+        nb_name = re.search(r"\]\((\d+[a-z]?_[\w-]+\.ipynb)\)", row)[1]
+        nb = json.loads((ROOT / "nbs" / nb_name).read_text())
+        corpus = "\n".join("".join(c["source"]) for c in nb["cells"]) + "\n".join(
+            "".join(o.get("text", "")) + "".join("".join(o.get("data", {}).get(k, "")) for k in ("text/plain", "text/markdown"))
+            for c in nb["cells"] for o in c.get("outputs", []))
+        known = set()
+        for x in _numbers(corpus):
+            known |= {x, round(x, 4)} | ({round(100 * x), round(100 * x, 1)} if 0 < x < 1 else set())
+        claim = re.split(r"\s\|\s", row.strip(" |"))[-1]
+        missing = [x for x in _numbers(claim) if x > 10 or x != int(x)]
+        missing = [x for x in missing if not any(math.isclose(x, k, rel_tol=1e-9) for k in known)]
+        assert not missing, f"{nb_name}: the landing page quotes {missing}, which the notebook does not show"
 
 
 def test_markdown_outputs_link_offline(site):
