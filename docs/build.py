@@ -154,7 +154,7 @@ def _output_md(o, images: Images, fig: dict, asis=False) -> str:
         return figure_html(images.src(mime, b64), str(alt or _plain(str(cap or "")) or "figure"),
                            str(cap) if cap else None, width, height)
     # HTML before Markdown, as Jupyter ranks them: fastprogress 1.1 sends both, its Markdown being the HTML as a code block
-    if "text/html" in d: return '<div class="cell-output-html">\n' + _text(d["text/html"]) + "\n</div>"
+    if "text/html" in d: return '<div class="cell-output-html">\n' + _text(d["text/html"]) + "\n</div>" if _text(d["text/html"]).strip() else ""
     if "text/markdown" in d: return _text(d["text/markdown"])
     if "text/latex" in d: return _text(d["text/latex"])
     if "text/plain" in d: return _text(d["text/plain"]) if asis else _fence(_text(d["text/plain"]), "text")
@@ -233,6 +233,7 @@ def api_entry(md: str) -> str:
     sig = m["sig"]
     if _is_class(m["url"]): sig = re.sub(r"^def ", "class ", sig)
     sig = one_param_per_line(re.sub(r":\s*NoneType\s*=\s*None\b", "=None", sig))
+    sig = re.sub(r"\b__main__\.", "", sig)  # a type defined in the notebook itself: nbdev's processing runs it as __main__
     rest = m["rest"].lstrip("\n")
     first, nl, after = rest.partition("\n")
     if len(first.strip()) > 2 and first.lstrip().startswith("*") and first.rstrip().endswith("*"):
