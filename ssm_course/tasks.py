@@ -118,7 +118,7 @@ def multi_query_recall(
     V:int=16, # keys are 0 to V-1, values V to 2V-1
     g:torch.Generator|None=None, # random generator (None: PyTorch's global one)
 )->tuple[Tensor, Tensor]: # x (n, 3 n_pairs) tokens, y (n, 3 n_pairs): IGNORE except at the queries, where it is the value as 0 to V-1
-    "Tokens $k_1 v_1 \\ldots k_M v_M$ ($M$ = `n_pairs`), then every key once more in random order; the target at each query is its value."
+    "Tokens $k_1 v_1 k_2 v_2 \\ldots$ (`n_pairs` distinct keys and their values), then every key once more, in random order; the target at each query is its value."
     _check_gen(n, n_pairs=n_pairs, V=V)
     if n_pairs > V: raise ValueError(f"n_pairs must be at most V (keys are distinct), got n_pairs={n_pairs}, V={V}")
     keys = torch.argsort(torch.rand(n, V, generator=g), -1)[:, :n_pairs]
