@@ -606,7 +606,8 @@ class CausalAttention(nn.Module):
         if self.positions == "learned": h = h + self.pos[:L].to(h.dtype)
         q, k, v = _f32(self.qkv(h)).view(b, L, 3, self.n_heads, H // self.n_heads).permute(2, 0, 3, 1, 4)  # each (b, heads, L, d_h)
         if self.positions == "rope": q, k = rope(q), rope(k)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, L, H)
+        with _no_autocast(x): y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # float32, also under autocast
+        y = y.transpose(1, 2).reshape(b, L, H)
         return torch.where(ok, self.out_proj(y.to(self.out_proj.weight.dtype)), float("nan")).to(x.dtype)  # NaN from the first bad input on
 
 # %% ../nbs/13c_recall.ipynb #9de4a974

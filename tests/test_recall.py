@@ -83,6 +83,19 @@ def test_attention_half_precision_is_computed_in_float32():
     assert (y.float() - ref).abs().max() < 0.05 * ref.abs().max()
 
 
+def test_attention_under_autocast_runs_in_float32(monkeypatch):
+    "Under bf16 autocast the projections run in bfloat16 and the attention itself in float32 (autocast would cast SDPA down)."
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+    def spy(q, k, v, **kw):
+        out = sdpa(q, k, v, **kw); seen.append((q.dtype, out.dtype)); return out
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    layer = CausalAttention(16, n_heads=4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(torch.randn(2, 9, 16))
+    assert seen == [(torch.float32, torch.float32)] and y.dtype == torch.float32 and torch.isfinite(y).all()
+
+
 @pytest.mark.parametrize("make, exc, match", [
     (lambda: CausalAttention(10, n_heads=4), ValueError, "divisible by n_heads"),
     (lambda: CausalAttention(12, n_heads=4, positions="rope"), ValueError, "even head dimension"),
