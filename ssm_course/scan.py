@@ -247,9 +247,7 @@ def _sum_to(g, shape, dtype):
 
 def _scan_grads(ctx, gh, reverse_scan):
     "(da, db, dh0) of $h$ = scan(a, b, h0) from $\\partial\\mathcal{L}/\\partial h$ by one reverse scan `reverse_scan(a, b)` (the backend's)."
-    saved = ctx.saved_tensors
-    if len(saved) == 4: a, b, h0, h = saved; ctx.b_shape, ctx.b_dtype = b.shape, b.dtype  # a Function that saved b itself
-    else: a, h0, h = saved
+    a, h0, h = ctx.saved_tensors  # as `_save_scan` stored them
     dtype = torch.promote_types(h.dtype, torch.float32)  # half precision: gradients computed in float32
     a_next = F.pad(a.to(dtype)[..., 1:], (0, 1)) if a.shape[-1] > 1 else a.to(dtype)  # a_{t+1}; the value at t = L-1 is never used
     g = reverse_scan(a_next.conj(), gh.to(dtype))  # total gradients dL/dh_t

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 import triton
 import triton.language as tl
-from .scan import _check_scan
+from .scan import _check_scan, _save_scan
 from .checks import common_dtype, resolve_backend
 
 # %% ../nbs/10_triton_scan.ipynb #c0436ae7
@@ -242,8 +242,7 @@ class _ScanTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, h0):
         h = _scan_fwd(a, b, h0)
-        ctx.save_for_backward(a, h0, h)  # b itself is not needed, only its shape and dtype
-        ctx.b_shape, ctx.b_dtype = b.shape, b.dtype
+        _save_scan(ctx, a, b, h0, h)  # notebook 07's: a, h0 and h; of b only its shape and dtype
         return h
 
     @staticmethod

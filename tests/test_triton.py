@@ -71,6 +71,21 @@ def test_scan_half_precision_within_one_ulp(dtype):
     assert ah.grad.dtype == bh.grad.dtype == dtype
 
 
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_backward_saves_no_copy_of_b(with_h0):
+    "tests/test_scan.py's test of the same name for backend='triton': `_ScanTriton` saves through notebook 07's `_save_scan`, so the graph keeps a, h0 and h; of b only its shape and dtype."
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(3, 20, generator=g).requires_grad_(); b = torch.randn(3, 20, generator=g).requires_grad_()
+    h0 = torch.randn(3, generator=g).requires_grad_() if with_h0 else None
+    h = scan(a, b, h0, backend="triton")
+    assert type(h.grad_fn).__name__ == "_ScanTritonBackward"
+    saved = [t for t in h.grad_fn.saved_tensors if t is not None]
+    assert not any(t is b or t.data_ptr() == b.data_ptr() for t in saved) and len(saved) == 2 + with_h0
+    assert (h.grad_fn.b_shape, h.grad_fn.b_dtype) == (b.shape, b.dtype)  # what the backward still needs of b
+    h.sum().backward()  # and the backward runs from what was saved
+    assert b.grad.shape == b.shape and torch.isfinite(b.grad).all()
+
+
 def test_time_invariant_decay_is_not_expanded():
     "A decay of shape (..., 1) reaches the kernel as one number per row with time stride 0, not as an (..., L) copy."
     from ssm_course.triton_scan import _rows
