@@ -1,6 +1,8 @@
 """ssm_course.layers: shapes, step == forward, state carrying, gradients, causality, precision, bad input, torch.compile, param groups."""
 import copy, math, pickle, pytest, torch
-from ssm_course.layers import LAYERS, SequenceModel, ssm_param_groups, S4D, LRU, Mamba
+from ssm_course.layers import LAYERS, SequenceModel, ssm_param_groups, S4D, S4, LRU, Mamba, dplr_bilinear_step
+from ssm_course.discretize import discretize
+from ssm_course.hippo import dplr
 
 SMALL = {"s4d": dict(d_state=8), "s4": dict(d_state=8), "dss": dict(d_state=8), "lru": dict(d_state=10), "mamba": dict(d_state=4)}
 # every layer, plus Mamba with complex states (init="lin") and with the shortest convolutions
@@ -177,7 +179,65 @@ def test_torch_compile_two_lengths_without_graph_breaks(name):
     _compile_two_lengths(LAYERS[name](6, **COMPILE[name]))
 
 
+def _rel(a, b): return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("measure", ["legs", "legt", "lagt", "fout"])
+def test_s4_step_is_the_dense_bilinear_step(measure):
+    "S4.step (O(Nr), Woodbury) equals the step with the dense bilinear (Ad, Bd) in float64 at odd N, where LegT, LagT and FouT have an eigenvalue 0 "
+    "(notebook 05's pole case), for steps 1e-3 to 1; 50 steps from zero end in forward's state (observed up to 3.4e-15, 1.5e-15, 7.9e-15)."
+    torch.manual_seed(3)
+    layer = S4(4, d_state=15, measure=measure).double()
+    with torch.no_grad(): layer.log_dt.copy_(torch.log(torch.tensor([1e-3, 1e-2, 1e-1, 1.0])))
+    Ad, Bd = layer.discrete()
+    x, state = torch.randn(3, 50, 4, dtype=torch.float64), torch.randn(3, 4, 15, dtype=torch.complex128)
+    layer.discrete = lambda: pytest.fail("S4.step formed the dense Ad")  # the step must not build the N x N matrices
+    y_t, new = layer.step(x[:, 0], state)
+    del layer.discrete  # forward with return_state uses them
+    ref = (Ad @ state[..., None])[..., 0] + Bd * x[:, 0, :, None]
+    assert _rel(new, ref) < 1e-14
+    assert _rel(y_t, (torch.view_as_complex(layer.C) * ref).sum(-1).real + layer.D * x[:, 0]) < 1e-14
+    _, last = layer(x, return_state=True)
+    s = layer.initial_state(3)
+    for t in range(50): _, s = layer.step(x[:, t], s)
+    assert _rel(s, last) < 2e-14
+    # the function on HiPPO's own DPLR form, where the eigenvalue is 0 to rounding (the layer keeps Re < 0)
+    Lambda, P, B, _ = dplr(measure, 15)
+    Lambda, P, B = (t.expand(3, *t.shape) for t in (Lambda, P.reshape(-1, 15), B))
+    dt = torch.tensor([1e-3, 1e-1, 1.0], dtype=torch.float64)
+    Ad, Bd = discretize(torch.diag_embed(Lambda) - P.mT @ P.conj(), B, dt, "bilinear")
+    xs, us = torch.randn(2, 3, 15, dtype=torch.complex128), torch.randn(2, 3, dtype=torch.float64)
+    assert _rel(dplr_bilinear_step(Lambda, P, B, dt, xs, us), (Ad @ xs[..., None])[..., 0] + Bd * us[..., None]) < 1e-14  # observed 3.4e-15
+
+
+def test_dplr_bilinear_step_gradients_and_precision():
+    "gradcheck in float64 (rank 2, LegT); a rank-1 P given as (..., N) and a Python float dt; half-precision u computed in complex64."
+    torch.manual_seed(4)
+    Lambda, P, B, _ = dplr("legt", 5)
+    args = (Lambda, P, B, torch.tensor([0.1, 0.5], dtype=torch.float64),
+            torch.randn(3, 2, 5, dtype=torch.complex128), torch.randn(3, 2, dtype=torch.float64))
+    args = tuple(a.clone().requires_grad_() for a in args)
+    assert torch.autograd.gradcheck(dplr_bilinear_step, args)
+    Lambda, P, B, _ = dplr("legs", 6)
+    x, u = torch.randn(2, 6, dtype=torch.complex128), torch.randn(2, dtype=torch.float64)
+    torch.testing.assert_close(dplr_bilinear_step(Lambda, P, B, 0.05, x, u), dplr_bilinear_step(Lambda, P[None], B, torch.tensor(0.05, dtype=torch.float64), x, u), rtol=0, atol=0)
+    c64 = [t.to(torch.complex64) for t in (Lambda, P, B)]
+    half = dplr_bilinear_step(*c64, 0.05, x.to(torch.complex64), u.bfloat16())
+    assert half.dtype == torch.complex64
+    torch.testing.assert_close(half, dplr_bilinear_step(*c64, 0.05, x.to(torch.complex64), u.bfloat16().float()), rtol=0, atol=0)
+
+
+_L, _P, _B, _ = dplr("legs", 4)
+_X, _U = torch.zeros(2, 4, dtype=torch.complex128), torch.zeros(2)
+
+
 BAD = [
+    (lambda: dplr_bilinear_step(_L.numpy(), _P, _B, 0.1, _X, _U), TypeError, "Lambda must be a torch.Tensor"),
+    (lambda: dplr_bilinear_step(_L, _P[:3], _B, 0.1, _X, _U), ValueError, r"P must have shape \(\.\.\., N\) with N=4"),
+    (lambda: dplr_bilinear_step(_L, _P, _B, 0.1, _X[:, :3], _U), ValueError, "x must have shape"),
+    (lambda: dplr_bilinear_step(_L, _P, _B, -0.1, _X, _U), ValueError, "dt must be positive"),
+    (lambda: dplr_bilinear_step(_L, _P, _B, 0.1, _X, _U.to(torch.complex64)), TypeError, "u must be real"),
+    (lambda: dplr_bilinear_step(_L, _P, _B, 0.1, _X, torch.zeros(3)), ValueError, "batch dimensions do not broadcast"),
     (lambda: S4D(4)(torch.randn(2, 5)), ValueError, "x must have 3 dimension"),
     (lambda: S4D(4)(torch.randn(2, 5, 3)), ValueError, "d_model=4"),
     (lambda: S4D(4)(torch.randint(0, 3, (2, 5, 4))), TypeError, "x must be a real floating-point"),
