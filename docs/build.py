@@ -352,11 +352,14 @@ def highlight_theme(path: Path, base="pygments", bg=CODE_BG, target=MIN_CONTRAST
 
 
 # ---------------------------------------------------------------- MathML spacing
-# Browsers typeset pandoc's MathML without TeX's spacing rules in three places that a reader notices:
+# Browsers typeset pandoc's MathML without TeX's rules in a few places that a reader notices:
 # - function names (`\log`, `\exp`, `\max`: `<mi>log</mi><mo>&#8289;</mo>`) get no space: "O(LlogL)", "2cosθ";
 # - `\|` is U+2225 and `|` an `<mo>` in mid-formula, which the operator dictionary spaces like a relation: "‖ M ‖ ≤ 1";
 #   in TeX both are ordinary symbols, without space;
-# - `\bar` is a stretchy U+203E overline that reaches under a following superscript; MathJax uses a macron.
+# - `\bar` is a stretchy U+203E overline that reaches under a following superscript; MathJax uses a macron;
+# - `\overline{a_{t+1}}` (a conjugate) is a U+00AF macron, which Chromium leaves short, over the letter only;
+# - `\mathrel{+}=` is a binary + and a relation =, spaced apart ("a + = b");
+# - the rows of a display's `aligned` are set compact (small fractions, sums with limits at the side), not as TeX does.
 MATHML = "http://www.w3.org/1998/Math/MathML"
 THIN = "0.1667em"  # TeX's \, : the space between an ordinary symbol and a function name
 _SCRIPTS = {"msub", "msup", "msubsup", "munder", "mover", "munderover"}
@@ -405,6 +408,21 @@ def _tidy_math(root) -> None:
     for mover in root.iter(f"{{{MATHML}}}mover"):
         if len(mover) == 2 and _local(mover[0]) in {"mi", "mn"} and (mover[1].text or "") == "\u203e" and mover[1].get("accent") == "true":
             mover[1].text = "\u00af"; mover[1].set("stretchy", "false")
+        elif len(mover) == 2 and (mover[1].text or "") == "\u00af" and mover[1].get("accent") == "true" and "stretchy" not in mover[1].attrib:
+            mover[1].text = "\u203e"  # `\overline{a_{t+1}}`: pandoc's macron does not stretch in Chromium; the overline does
+    # `\mathrel{+}=` (an update, +=) comes out as a binary + and a relation =, spaced apart ("a + = b"): one operator
+    for box in list(root.iter()):
+        kids = list(box)
+        for a, b in zip(kids, kids[1:]):
+            if _local(a) == _local(b) == "mo" and (a.text or "").strip() == "+" and (b.text or "").strip() == "=":
+                a.text = "+="; box.remove(b)
+    # TeX sets the rows of a display's `aligned`/`gathered`/`split` in display style (full-size fractions, sums with
+    # limits below); pandoc writes a bare <mtable>, which MathML Core sets compact, as TeX does `cases` and matrices.
+    sem = root[0] if len(root) and _local(root[0]) == "semantics" else None
+    tex = sem.find(f"{{{MATHML}}}annotation") if sem is not None else None
+    if (sem is not None and root.get("display") == "block" and len(sem) and _local(sem[0]) == "mtable" and tex is not None
+            and re.match(r"\s*\\begin\{(aligned|gathered|split)\}", tex.text or "")):
+        sem[0].set("displaystyle", "true")
 
 
 def tidy_mathml(html_: str) -> str:
