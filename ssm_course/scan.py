@@ -9,6 +9,7 @@ __all__ = ['scan_sequential', 'scan_parallel', 'scan_chunked', 'scan']
 
 # %% ../nbs/07_scan.ipynb #c955a2b8
 import math
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -131,6 +132,11 @@ def _rows(x, shape):
     own = xb.reshape(-1, x.shape[-1])
     return own, torch.arange(own.shape[0], device=x.device).view(xb.shape[:-1]).expand(batch).reshape(R)
 
+def _empty(shape, dtype, device):
+    "An uninitialized result. On the CPU it comes from NumPy's allocator, which asks Linux for transparent huge pages: the first touch of a large output then costs a few 2 MiB page faults instead of many 4 KiB ones."
+    if device.type != "cpu": return torch.empty(shape, dtype=dtype, device=device)
+    return torch.from_numpy(np.empty(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
+
 def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False):
     "The tuned scan: blocks of about `block` elements, each transposed into a time-major workspace, swept in place, fixed up, written back."
     *batch, L = shape
@@ -140,8 +146,8 @@ def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False):
     rb = max(1, min(R, block // Lp))  # rows per block
     a2, ia = _rows(a, shape); b2, ib = _rows(b, shape)
     h2 = None if h0 is None else h0.to(dtype).expand(batch).reshape(R)
-    out = torch.empty(R, L, dtype=dtype, device=b.device)
-    wa = torch.empty(T, rb * nc, dtype=dtype, device=b.device); wx = torch.empty_like(wa)  # the workspace, reused by every block
+    out = _empty((R, L), dtype, b.device)
+    wa, wx = _empty((T, rb * nc), dtype, b.device), _empty((T, rb * nc), dtype, b.device)  # the workspace, reused by every block
     stage = None
     for r0 in range(0, R, rb):
         r1 = min(R, r0 + rb); n = r1 - r0; m = n * nc
@@ -167,6 +173,39 @@ def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False):
         s = stage[:n]
         s.view(m, T).copy_(X.t())
         out[r0:r1].copy_(s[:, :L].flip(-1) if reverse else s[:, :L])
+    return out.view(shape)
+
+# %% ../nbs/07_scan.ipynb #5c0a7e21
+try: import numba  # optional (`pip install "ssm_course[fast]"`): compiles the loop below for the CPU
+except ImportError: numba = None
+
+def _loop_rows(a, ia, b, ib, h0, out, reverse):
+    "Row r of `out` (R, L): $h_t = a_t h_{t-1} + b_t$ from h0[r], on row ia[r] of `a` and row ib[r] of `b` (time axis of length L, or 1 for a constant); four rows at a time."
+    R, L = out.shape
+    sa, sb = (1 if a.shape[1] > 1 else 0), (1 if b.shape[1] > 1 else 0)  # a time-invariant row is read at t = 0
+    for r in range(0, R, 4):
+        r0, r1, r2, r3 = r, min(r + 1, R - 1), min(r + 2, R - 1), min(r + 3, R - 1)  # past the last row: repeat it (same values)
+        a0, a1, a2, a3, b0, b1, b2, b3 = ia[r0], ia[r1], ia[r2], ia[r3], ib[r0], ib[r1], ib[r2], ib[r3]
+        h_0, h_1, h_2, h_3 = h0[r0], h0[r1], h0[r2], h0[r3]  # four independent chains: each step waits only on its own row
+        for s in range(L):
+            t = L - 1 - s if reverse else s
+            h_0 = a[a0, t * sa] * h_0 + b[b0, t * sb]; out[r0, t] = h_0
+            h_1 = a[a1, t * sa] * h_1 + b[b1, t * sb]; out[r1, t] = h_1
+            h_2 = a[a2, t * sa] * h_2 + b[b2, t * sb]; out[r2, t] = h_2
+            h_3 = a[a3, t * sa] * h_3 + b[b3, t * sb]; out[r3, t] = h_3
+
+_loop = numba.njit(cache=True, nogil=True)(_loop_rows) if numba is not None else None  # tests set _loop to None to force PyTorch's path
+
+def _scan_loop(a, b, h0, shape, dtype, reverse=False):
+    "The compiled loop on CPU tensors: a and b read where they lie (broadcast rows mapped, not copied), h written once."
+    *batch, L = shape
+    R = math.prod(batch)
+    def arr(x): return x.detach().resolve_conj().resolve_neg().to(dtype).contiguous().numpy()
+    (a2, ia), (b2, ib) = _rows(a, shape), _rows(b, shape)
+    rows = torch.arange(R)
+    h = torch.zeros(R, dtype=dtype) if h0 is None else h0.expand(batch).reshape(R)
+    out = _empty((R, L), dtype, b.device)
+    _loop(arr(a2), (rows if ia is None else ia).numpy(), arr(b2), (rows if ib is None else ib).numpy(), arr(h), out.numpy(), reverse)
     return out.view(shape)
 
 # %% ../nbs/07_scan.ipynb #c7a0d2f9
@@ -222,9 +261,10 @@ def _scan_traced(a, b, h0, shape, dtype, reverse=False, T=16, rounds=24):
     return h.flip(-1) if reverse else h
 
 def _scan_fast(a, b, h0, shape, dtype, reverse=False):
-    "Dispatch: a meta result, the traced path under torch.compile, the LTI matmul path, or the swept blocks (one block on a GPU)."
+    "Dispatch: a meta result, the traced path under torch.compile, the compiled loop (CPU, numba installed), the LTI matmul path, or the swept blocks (one block on a GPU)."
     if b.device.type == "meta": return torch.empty(shape, dtype=dtype, device="meta")
     if torch.compiler.is_compiling(): return _scan_traced(a, b, h0, shape, dtype, reverse)
+    if _loop is not None and b.device.type == "cpu" and not torch.jit.is_tracing(): return _scan_loop(a, b, h0, shape, dtype, reverse)
     if a.shape[-1] == 1 and shape[-1] > 1 and not reverse and _lti_ok(a, b, dtype): return _scan_lti(a, b, h0, shape, dtype)
     return _scan_cpu(a, b, h0, shape, dtype, block=1 << 20 if b.device.type == "cpu" else 1 << 62, reverse=reverse)
 

@@ -2,9 +2,17 @@
 import numpy as np, pytest, torch
 from hypothesis import given, settings, strategies as st
 from scipy.signal import lfilter
+import ssm_course.scan as scan_module
 from ssm_course.scan import scan, scan_chunked, scan_parallel, scan_sequential
 
 floats = st.floats(-2, 2, allow_nan=False, allow_infinity=False)
+
+
+@pytest.fixture(autouse=True, params=["loop", "pytorch"] if scan_module._loop is not None else ["pytorch"])
+def cpu_path(request, monkeypatch):
+    "Every test runs on both CPU paths of `scan`: the loop compiled by numba (when installed) and PyTorch's chunked scan."
+    if request.param == "pytorch": monkeypatch.setattr(scan_module, "_loop", None)
+    return request.param
 
 
 @settings(max_examples=60, deadline=None)

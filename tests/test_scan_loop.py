@@ -1,0 +1,73 @@
+"""notebook 07's compiled CPU loop (numba, optional): it is the reference loop, every CPU input takes it, and PyTorch's path still runs without it."""
+import itertools, pytest, torch
+import ssm_course.scan as S
+from ssm_course.scan import scan, scan_sequential
+
+pytestmark = pytest.mark.skipif(S._loop is None, reason="numba is not installed (pip install 'ssm_course[fast]')")
+
+def _ref(a, b, h0, reverse=False):
+    if not reverse: return scan_sequential(a, b, h0)
+    return scan_sequential(a.flip(-1) if a.shape[-1] > 1 else a, b.flip(-1), h0).flip(-1)
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64, torch.complex128])
+def test_loop_is_the_reference_loop(dtype):
+    "Real inputs: bit-identical to scan_sequential; complex: to rounding (complex products are formed differently)."
+    g = torch.Generator().manual_seed(0)
+    for (shp_a, shp_b), L, with_h0, reverse in itertools.product(
+            [((1,), (1,)), ((5,), (5,)), ((2, 3), (2, 3)), ((3, 1), (3, 4)), ((1, 4), (3, 4))], [1, 2, 9, 40], [False, True], [False, True]):
+        for La in {1, L}:
+            a = (0.95 * torch.randn(*shp_a, La, generator=g, dtype=torch.float64)).to(dtype)
+            b = torch.randn(*shp_b, L, generator=g, dtype=torch.float64).to(dtype)
+            shape = torch.broadcast_shapes(a.shape, b.shape)
+            h0 = torch.randn(shape[:-1], generator=g, dtype=torch.float64).to(dtype) if with_h0 else None
+            got = S._scan_loop(a, b, h0, shape, dtype, reverse)
+            ref = _ref(a, b, h0, reverse)
+            if dtype.is_complex:
+                err = ((got - ref).abs().max() / ref.abs().max()).item()
+                assert err < (1e-6 if dtype == torch.complex64 else 1e-14), (shp_a, shp_b, L, La, with_h0, reverse, err)
+            else: assert torch.equal(got, ref), (shp_a, shp_b, L, La, with_h0, reverse)
+
+def test_scan_takes_the_loop_on_cpu(monkeypatch):
+    "The public scan (forward and its reverse-scan backward) runs the loop on CPU tensors; with _loop = None, PyTorch's path agrees."
+    calls = []
+    loop = S._loop
+    monkeypatch.setattr(S, "_loop", lambda *args: (calls.append(args[-1]), loop(*args))[1])
+    g = torch.Generator().manual_seed(1)
+    a = (0.9 + 0.1 * torch.rand(3, 7, 50, generator=g)).requires_grad_()
+    b = torch.randn(3, 7, 50, generator=g, requires_grad=True)
+    h = scan(a, b)
+    h.square().sum().backward()
+    assert calls == [False, True]  # forward, then the reverse scan of the backward
+    assert torch.equal(h.detach(), scan_sequential(a.detach(), b.detach()))
+    da, db = a.grad.clone(), b.grad.clone()
+    monkeypatch.setattr(S, "_loop", None)
+    a.grad = b.grad = None
+    h2 = scan(a, b); h2.square().sum().backward()
+    torch.testing.assert_close(h2, h.detach(), rtol=2e-6, atol=2e-6)
+    for x, y in ((a.grad, da), (b.grad, db)): assert ((x - y).abs().max() / y.abs().max()).item() < 1e-5  # float32 rounding, relative to the largest
+
+def test_loop_gradcheck():
+    g = torch.Generator().manual_seed(2)
+    a = (0.9 * torch.rand(2, 3, 11, generator=g, dtype=torch.float64)).requires_grad_()
+    b = torch.randn(2, 3, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(scan, (a, b, h0))
+    assert torch.autograd.gradgradcheck(scan, (a, b, h0))
+
+def test_loop_leaves_inputs_alone_and_handles_views():
+    "Non-contiguous, conjugated and broadcast inputs are read correctly and never written."
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(4, 30, 6, generator=g, dtype=torch.complex64).transpose(1, 2)  # (4, 6, 30), not contiguous
+    b = torch.randn(6, 30, generator=g, dtype=torch.complex64).conj()  # a conjugate view, broadcast over the batch
+    a0, b0 = a.clone(), b.clone()
+    h = scan(a, b)
+    assert torch.equal(a, a0) and torch.equal(b.resolve_conj(), b0.resolve_conj())
+    ref = scan_sequential(a.to(torch.complex128), b.resolve_conj().to(torch.complex128))
+    assert ((h - ref).abs().max() / ref.abs().max()).item() < 1e-6
+
+def test_growing_and_nonfinite_values_follow_the_loop():
+    "|a| > 1 and NaN/inf: exactly what the reference loop gives (NaN from the first NaN on, nothing before it)."
+    a = torch.tensor([[2.0] * 130, [0.5] * 130])
+    b = torch.ones(2, 130); b[1, 60] = float("nan")
+    h = scan(a, b)
+    assert torch.equal(h[:, :60], scan_sequential(a, b)[:, :60]) and h[1, 60:].isnan().all() and torch.isinf(h[0, -1])
