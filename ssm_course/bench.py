@@ -151,7 +151,7 @@ def _numpy_loop(a:np.ndarray, # (L, ...) decays, time first
 def case_scan(quick:bool=False, # tiny shapes
              )->Case:
     "Time-varying `scan` against accelerated-scan's reference, mambapy's `pscan` and a time-major NumPy loop."
-    from ssm_course.scan import scan, scan_sequential
+    from ssm_course.scan import scan, scan_sequential, _empty
     B, D, L = (2, 8, 256) if quick else (4, 256, 8192)
     g = _gen(0)
     a, b = 0.9 + 0.1 * torch.rand(B, D, L, generator=g), torch.randn(B, D, L, generator=g)  # (B, D, L): our layout
@@ -169,9 +169,9 @@ def case_scan(quick:bool=False, # tiny shapes
     canon[LOOP] = lambda h: torch.from_numpy(np.moveaxis(h, 0, -1))
     R = B * D
     ta, tb = torch.empty(L, R), torch.empty(L, R)
-    def transposes():  # the layout change alone: a and b to time-major, then h back into a fresh (B, D, L) output
+    def transposes():  # the layout change alone: a and b to time-major, then h back into a fresh (B, D, L) output, allocated as scan's
         ta.copy_(a.view(R, L).t()); tb.copy_(b.view(R, L).t())
-        out = torch.empty(B, D, L)
+        out = _empty((B, D, L), torch.float32, torch.device("cpu"))
         out.view(R, L).copy_(tb.t())
         return out
     a1, b1 = an[:, :1, :1].copy(), bn[:, :1, :1].copy()  # (L, 1, 1): what a step costs whatever its width
