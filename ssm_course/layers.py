@@ -162,7 +162,7 @@ def _dplr_step(Lambda, P, B, dt, x, u):
 
 def dplr_bilinear_step(
     Lambda:Tensor, # diagonal part $\Lambda$, (..., N), complex
-    P:Tensor, # low-rank factor: (..., N) for rank 1, or (..., r, N); $A = \mathrm{diag}(\Lambda) - \sum_i P_i P_i^\ast$
+    P:Tensor, # low-rank factor: (..., N) for rank 1, or (..., r, N); $A = \mathrm{diag}(\Lambda) - \sum_i P_i P_i^\ast$ (P with more dimensions than `Lambda` is read as (..., r, N))
     B:Tensor, # input vector, (..., N)
     dt:Tensor|float, # step $\Delta > 0$, scalar or broadcastable to the batch dims
     x:Tensor, # the state $x_{k-1}$, (..., N)

@@ -133,8 +133,9 @@ def _rows(x, shape):
     return own, torch.arange(own.shape[0], device=x.device).view(xb.shape[:-1]).expand(batch).reshape(R)
 
 def _empty(shape, dtype, device):
-    "An uninitialized result. On the CPU it comes from NumPy's allocator, which asks Linux for transparent huge pages: the first touch of a large output then costs a few 2 MiB page faults instead of many 4 KiB ones."
-    if device.type != "cpu": return torch.empty(shape, dtype=dtype, device=device)
+    "An uninitialized result. A CPU one of 4 MiB or more comes from NumPy's allocator, which asks Linux for transparent huge pages (THP in `madvise` mode): its first touch then costs a few 2 MiB page faults instead of many 4 KiB ones. It cannot be resized in place."
+    if device.type != "cpu" or math.prod(shape) * torch.empty(0, dtype=dtype).element_size() < 1 << 22:  # NumPy madvises from 4 MiB on
+        return torch.empty(shape, dtype=dtype, device=device)
     return torch.from_numpy(np.empty(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
 
 def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False):

@@ -276,6 +276,18 @@ def test_search_index_covers_every_section(site):
     assert all("#" not in d["t"] for d in docs)  # permalink marks are not part of the headings
 
 
+def test_every_figure_cell_has_its_figure():
+    "A code cell with a `fig-cap` has a committed image: the site shows committed outputs, and a notebook executed with a non-inline matplotlib backend (MPLBACKEND=Agg) would lose them silently."
+    missing = []
+    for path in sorted((ROOT / "nbs").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            src = "".join(cell["source"])
+            if cell["cell_type"] == "code" and "#| fig-cap" in src and not any(
+                    k.startswith("image/") for o in cell.get("outputs", []) for k in o.get("data", {})):
+                missing.append(f"{path.name}: {src.splitlines()[0][:80]}")
+    assert not missing, "figure cells without their figure:\n" + "\n".join(missing)
+
+
 def test_figures_are_figures(site):
     "Every image is a <figure> with its intended size (retina PNGs at half their pixels), stored as a file beside the page."
     n = 0
