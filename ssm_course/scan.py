@@ -177,6 +177,7 @@ def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False):
     return out.view(shape)
 
 # %% ../nbs/07_scan.ipynb #5c0a7e21
+from concurrent.futures import ThreadPoolExecutor
 try: import numba  # optional (`pip install "ssm_course[fast]"`): compiles the loop below for the CPU
 except ImportError: numba = None
 
@@ -198,7 +199,7 @@ def _loop_rows(a, ia, b, ib, h0, out, reverse):
 _loop = numba.njit(cache=True, nogil=True)(_loop_rows) if numba is not None else None  # tests set _loop to None to force PyTorch's path
 
 def _scan_loop(a, b, h0, shape, dtype, reverse=False):
-    "The compiled loop on CPU tensors: a and b read where they lie (broadcast rows mapped, not copied), h written once."
+    "The compiled loop on CPU tensors: a and b read where they lie (broadcast rows mapped, not copied), h written once; rows split over PyTorch's threads."
     *batch, L = shape
     R = math.prod(batch)
     def arr(x): return x.detach().resolve_conj().resolve_neg().to(dtype).contiguous().numpy()
@@ -206,7 +207,13 @@ def _scan_loop(a, b, h0, shape, dtype, reverse=False):
     rows = torch.arange(R)
     h = torch.zeros(R, dtype=dtype) if h0 is None else h0.expand(batch).reshape(R)
     out = _empty((R, L), dtype, b.device)
-    _loop(arr(a2), (rows if ia is None else ia).numpy(), arr(b2), (rows if ib is None else ib).numpy(), arr(h), out.numpy(), reverse)
+    A, IA, B, IB, H, O = arr(a2), (rows if ia is None else ia).numpy(), arr(b2), (rows if ib is None else ib).numpy(), arr(h), out.numpy()
+    n = min(torch.get_num_threads(), R // 4) if R * L >= 1 << 20 else 1  # large inputs: as many threads as PyTorch uses
+    if n <= 1: _loop(A, IA, B, IB, H, O, reverse)
+    else:  # numba releases the GIL (nogil), so each thread runs its own slice of rows in parallel
+        cut = np.linspace(0, R, n + 1).astype(int)
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(lambda i: _loop(A, IA[cut[i]:cut[i + 1]], B, IB[cut[i]:cut[i + 1]], H[cut[i]:cut[i + 1]], O[cut[i]:cut[i + 1]], reverse), range(n)))
     return out.view(shape)
 
 # %% ../nbs/07_scan.ipynb #c7a0d2f9

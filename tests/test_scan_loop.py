@@ -71,3 +71,21 @@ def test_growing_and_nonfinite_values_follow_the_loop():
     b = torch.ones(2, 130); b[1, 60] = float("nan")
     h = scan(a, b)
     assert torch.equal(h[:, :60], scan_sequential(a, b)[:, :60]) and h[1, 60:].isnan().all() and torch.isinf(h[0, -1])
+
+def test_threads_split_the_rows_without_changing_the_result(monkeypatch):
+    "Large inputs run on torch.get_num_threads() threads, each on its own rows: bit-identical to one thread, also for a row count the threads do not divide."
+    calls, loop = [], S._loop
+    monkeypatch.setattr(S, "_loop", lambda *args: (calls.append(len(args[1])), loop(*args))[1])  # rows per call
+    g = torch.Generator().manual_seed(4)
+    a, b = 0.9 + 0.1 * torch.rand(3, 67, 2 ** 14, generator=g), torch.randn(67, 2 ** 14, generator=g)  # 3 * 67 rows, 2^14 steps: above the threshold
+    h0 = torch.randn(3, 67, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1); one = scan(a, b, h0)
+        torch.set_num_threads(3); three = scan(a, b, h0)
+        torch.set_num_threads(3); rev = S._scan_loop(a, b, None, (3, 67, 2 ** 14), torch.float32, reverse=True)
+        torch.set_num_threads(1); rev1 = S._scan_loop(a, b, None, (3, 67, 2 ** 14), torch.float32, reverse=True)
+    finally: torch.set_num_threads(threads)
+    assert torch.equal(one, three) and torch.equal(rev, rev1)
+    assert sorted(calls) == [67] * 6 + [201, 201]  # one call on one thread, three calls of 67 rows on three
+    assert torch.equal(three[1, 5], scan_sequential(a[1, 5], b[5], h0[1, 5]))
