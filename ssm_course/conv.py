@@ -227,7 +227,7 @@ def _rows_np(x):
     return x.detach().resolve_neg().reshape(-1, x.shape[-1]).numpy()
 
 class _CPUCausalConv(torch.autograd.Function):
-    "`causal_conv` of real CPU tensors in cache-sized blocks of rows (ducc0's FFT, else torch.fft's); backward: the two correlations."
+    "`causal_conv` of real CPU tensors in cache-sized blocks of rows (ducc0's FFT, else torch.fft's); backward: the two correlations (as `causal_conv`s of the reversed gradient when a double backward needs them)."
     @staticmethod
     def forward(ctx, u, K):
         batch = torch.broadcast_shapes(u.shape[:-1], K.shape[:-1])
@@ -237,9 +237,13 @@ class _CPUCausalConv(torch.autograd.Function):
         return torch.from_numpy(_np_causal(_rows_np(u), iu, _rows_np(K), iK, u.shape[-1])).reshape(*batch, u.shape[-1])
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         u, K = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: each correlation is a causal convolution of the reversed gradient, itself differentiable
+            gr = g.flip(-1)
+            gu = causal_conv(gr, K).flip(-1).sum_to_size(u.shape) if ctx.needs_input_grad[0] else None
+            gK = causal_conv(gr, u).flip(-1)[..., :K.shape[-1]].sum_to_size(K.shape) if ctx.needs_input_grad[1] else None
+            return gu, gK
         batch, iu, iK = ctx.rows
         L, LK = u.shape[-1], K.shape[-1]
         n, G = next_fast_len(L + LK - 1), _rows_np(g.expand(*batch, L))

@@ -506,3 +506,14 @@ def test_ducc0_is_optional():
     proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert not any(r.startswith("ducc0") for r in proj["dependencies"])
     assert all("ducc0" in proj["optional-dependencies"][extra] for extra in ("fast", "dev", "bench", "course"))
+
+
+@pytest.mark.parametrize("fft", FFTS)
+def test_cpu_path_double_backward(fft, monkeypatch):
+    "The CPU path's backward is differentiable when a double backward asks for it (create_graph), broadcast rows included."
+    use_fft(fft, monkeypatch)
+    g = torch.Generator().manual_seed(7)
+    u = torch.randn(2, 3, 9, generator=g, dtype=torch.float64, requires_grad=True)
+    K = torch.randn(3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    assert type(causal_conv(u, K).grad_fn).__name__ == "_CPUCausalConvBackward"
+    assert torch.autograd.gradgradcheck(causal_conv, (u, K))
