@@ -11,7 +11,7 @@ __all__ = ['NO_NUMBA', 'NO_DUCC0', 'LOOP', 'ONE_CHANNEL', 'TIME_LAST', 'TRANSPOS
            'kernel_diag_peak_memory', 'evaluate', 'run', 'table', 'summary', 'main', 'triton_ms']
 
 # %% ../nbs/14_benchmarks.ipynb #5e2fa4a8
-import argparse, copy, importlib, json, math, os, platform, statistics, subprocess, sys, time
+import argparse, copy, json, math, os, platform, statistics, subprocess, sys, time
 from dataclasses import dataclass
 from importlib.metadata import version, PackageNotFoundError
 from pathlib import Path
@@ -126,12 +126,11 @@ NO_NUMBA, NO_DUCC0 = "ssm_course.scan, PyTorch path (no numba)", "ssm_course.cau
 LOOP, ONE_CHANNEL, TIME_LAST, TRANSPOSES = ("NumPy loop (time-major)", "the NumPy loop on one channel", "the NumPy loop on time-last data",
                                             "a, b to time-major and h back (3 transposing copies)")
 
-def _without(module:str, # the module that holds the optional package's entry point
+def _without(mod, # the module that holds the optional package's entry point
              attr:str, # the attribute that is None when the package is missing
              f:Callable, # what to run
             )->Callable:
     "`f` as it runs for a user without that optional package (numba, ducc0): the attribute set to None for the call."
-    mod = importlib.import_module(module)
     def g():
         saved = getattr(mod, attr); setattr(mod, attr, None)
         try: return f()
@@ -151,13 +150,14 @@ def _numpy_loop(a:np.ndarray, # (L, ...) decays, time first
 def case_scan(quick:bool=False, # tiny shapes
              )->Case:
     "Time-varying `scan` against accelerated-scan's reference, mambapy's `pscan` and a time-major NumPy loop."
+    import ssm_course.scan as S
     from ssm_course.scan import scan, scan_sequential, _empty
     B, D, L = (2, 8, 256) if quick else (4, 256, 8192)
     g = _gen(0)
     a, b = 0.9 + 0.1 * torch.rand(B, D, L, generator=g), torch.randn(B, D, L, generator=g)  # (B, D, L): our layout
     fns, canon = {"ssm_course.scan": lambda: scan(a, b)}, {}
-    if importlib.import_module("ssm_course.scan")._loop is not None:  # numba installed: also time the path without it
-        fns[NO_NUMBA] = _without("ssm_course.scan", "_loop", fns["ssm_course.scan"])
+    if S._loop is not None:  # numba installed: also time the path without it
+        fns[NO_NUMBA] = _without(S, "_loop", fns["ssm_course.scan"])
     if (as_scan := _peer("accelerated_scan.ref", "scan")) is not None:
         fns["accelerated_scan.ref.scan"] = lambda: as_scan(a, b)  # its layout is ours: (B, C, T), contiguous
     if (pscan := _peer("mambapy.pscan", "pscan")) is not None:
@@ -184,6 +184,7 @@ def case_scan(quick:bool=False, # tiny shapes
 def case_scan_lti(quick:bool=False, # tiny shapes
                  )->Case:
     "`scan` with one decay per channel against `scipy.signal.lfilter`, channel by channel, in float32."
+    import ssm_course.scan as S
     from ssm_course.scan import scan, scan_sequential
     import scipy.signal
     H, L = (8, 1024) if quick else (256, 65536)
@@ -193,7 +194,7 @@ def case_scan_lti(quick:bool=False, # tiny shapes
     dens = [np.array([1, -a[i, 0].item()], np.float32) for i in range(H)]  # float32 coefficients: lfilter computes in float32
     lfilter = lambda: [scipy.signal.lfilter(num, dens[i], bn[i]) for i in range(H)]
     fns = {"ssm_course.scan": lambda: scan(a, b)}
-    if importlib.import_module("ssm_course.scan")._loop is not None: fns[NO_NUMBA] = _without("ssm_course.scan", "_loop", fns["ssm_course.scan"])
+    if S._loop is not None: fns[NO_NUMBA] = _without(S, "_loop", fns["ssm_course.scan"])
     return Case(f"scan, time-invariant {(H, L)} float32", fns | {"scipy.signal.lfilter": lfilter}, ours=list(fns),
                 tol=5e-6, ref=lambda: scan_sequential(a.double(), b.double()), nbytes=8 * H * L, flops=2 * H * L,
                 canon={"scipy.signal.lfilter": lambda ys: torch.from_numpy(np.stack(ys))})
@@ -249,6 +250,7 @@ def case_kernel_diag(quick:bool=False, # tiny shapes
 def case_causal_conv(quick:bool=False, # tiny shapes
                     )->Case:
     "`causal_conv` against `scipy.signal.fftconvolve`, `oaconvolve` and the `torch.fft` one-liner."
+    import ssm_course.conv as conv
     from ssm_course.conv import causal_conv
     import scipy.signal
     B, H, L = (2, 8, 1024) if quick else (4, 256, 16384)
@@ -261,8 +263,8 @@ def case_causal_conv(quick:bool=False, # tiny shapes
            "scipy.signal.fftconvolve": lambda: scipy.signal.fftconvolve(un, Kn, axes=-1)[..., :L],
            "scipy.signal.oaconvolve": lambda: scipy.signal.oaconvolve(un, Kn, axes=-1)[..., :L],
            "torch.fft, n = 2L": lambda: fft_conv(u, K)}
-    if importlib.import_module("ssm_course.conv").ducc0 is not None:  # ducc0 installed: also time the path without it
-        fns = {"ssm_course.causal_conv": fns.pop("ssm_course.causal_conv"), NO_DUCC0: _without("ssm_course.conv", "ducc0", lambda: causal_conv(u, K))} | fns
+    if conv.ducc0 is not None:  # ducc0 installed: also time the path without it
+        fns = {"ssm_course.causal_conv": fns.pop("ssm_course.causal_conv"), NO_DUCC0: _without(conv, "ducc0", lambda: causal_conv(u, K))} | fns
     flops = round((2 * B * H + H) * 2.5 * n * math.log2(n) + 6 * B * H * (n // 2 + 1))
     return Case(f"causal_conv {(B, H, L)} float32", fns, tol=5e-7, ref=lambda: fft_conv(u.double(), K.double()),  # the FFT line in float64
                 nbytes=4 * (2 * B * H * L + H * L), flops=flops, ours=[k for k in fns if k.startswith("ssm_course")])

@@ -134,7 +134,7 @@ def _rows(x, shape):
 
 def _empty(shape, dtype, device):
     "An uninitialized result. A CPU one of 4 MiB or more comes from NumPy's allocator, which asks Linux for transparent huge pages (THP in `madvise` mode): its first touch then costs a few 2 MiB page faults instead of many 4 KiB ones. It cannot be resized in place."
-    if device.type != "cpu" or math.prod(shape) * torch.empty(0, dtype=dtype).element_size() < 1 << 22:  # NumPy madvises from 4 MiB on
+    if device.type != "cpu" or math.prod(shape) * dtype.itemsize < 1 << 22:  # NumPy madvises from 4 MiB on
         return torch.empty(shape, dtype=dtype, device=device)
     return torch.from_numpy(np.empty(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
 
@@ -204,10 +204,10 @@ def _scan_loop(a, b, h0, shape, dtype, reverse=False):
     R = math.prod(batch)
     def arr(x): return x.detach().resolve_conj().resolve_neg().to(dtype).contiguous().numpy()
     (a2, ia), (b2, ib) = _rows(a, shape), _rows(b, shape)
-    rows = torch.arange(R)
+    rows = np.arange(R)
     h = torch.zeros(R, dtype=dtype) if h0 is None else h0.expand(batch).reshape(R)
     out = _empty((R, L), dtype, b.device)
-    A, IA, B, IB, H, O = arr(a2), (rows if ia is None else ia).numpy(), arr(b2), (rows if ib is None else ib).numpy(), arr(h), out.numpy()
+    A, IA, B, IB, H, O = arr(a2), rows if ia is None else ia.numpy(), arr(b2), rows if ib is None else ib.numpy(), arr(h), out.numpy()
     n = min(torch.get_num_threads(), R // 4) if R * L >= 1 << 20 else 1  # large inputs: as many threads as PyTorch uses
     if n <= 1: _loop(A, IA, B, IB, H, O, reverse)
     else:  # numba releases the GIL (nogil), so each thread runs its own slice of rows in parallel
@@ -215,6 +215,15 @@ def _scan_loop(a, b, h0, shape, dtype, reverse=False):
         with ThreadPoolExecutor(n) as pool:
             list(pool.map(lambda i: _loop(A, IA[cut[i]:cut[i + 1]], B, IB[cut[i]:cut[i + 1]], H[cut[i]:cut[i + 1]], O[cut[i]:cut[i + 1]], reverse), range(n)))
     return out.view(shape)
+
+def _without_loop(f):
+    "`f` as it runs for a user without numba: `scan` on PyTorch's path (notebooks 07, 08 and the tests compare the two)."
+    def g(*args, **kw):
+        global _loop
+        saved, _loop = _loop, None
+        try: return f(*args, **kw)
+        finally: _loop = saved
+    return g
 
 # %% ../nbs/07_scan.ipynb #c7a0d2f9
 def _toeplitz_powers(a, T, dtype):
