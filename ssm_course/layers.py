@@ -450,10 +450,10 @@ class Mamba(nn.Module):
         "The whole sequence: projections, causal convolution, selective scan, gate, projection."
         _check_x(x, self.d_model)
         b, L = x.shape[:2]
-        conv_state, ssm_state = self._check_state(state, b) if state is not None else (self.initial_state(b)[0], None)
+        conv_state, ssm_state = self._check_state(state, b) if state is not None else (None, None)
         xi, z = self.in_proj(x.to(self.in_proj.weight.dtype)).chunk(2, -1)
         xi = xi.transpose(1, 2)  # (b, d, L)
-        xp = torch.cat([conv_state.to(xi.dtype), xi], -1)  # causal: the previous d_conv - 1 inputs (or zeros) first
+        xp = F.pad(xi, (self.d_conv - 1, 0)) if conv_state is None else torch.cat([conv_state.to(xi.dtype), xi], -1)  # causal: the previous d_conv - 1 inputs (or zeros) first
         xc = F.silu(self.conv(xp))  # (b, d, L)
         delta, B, C = self._ssm_inputs(xc.transpose(1, 2))
         with _no_autocast(x):

@@ -255,7 +255,7 @@ def _scan_lti(a, b, h0, shape, dtype, T=16):
 def _lti_ok(a, b, dtype):
     "The matmul path is exact and causal when |a| <= 1 and every b is finite (0 times a later NaN would be NaN); else the sweep."
     if values_hidden(b): return False
-    return bool((a.abs() <= 1).all()) and bool(torch.isfinite(b.sum(dtype=dtype)))
+    return _at_most_one(a) and bool(torch.isfinite(b.sum(dtype=dtype)))
 
 def _scan_traced(a, b, h0, shape, dtype, reverse=False, T=16, rounds=24):
     "For `torch.compile` with dynamic shapes: the chunked scan with no Python control flow that depends on the length."

@@ -161,12 +161,12 @@ def ssd(
     nc = (l + pad) // Q
     xs, Bs, Cs = (padt(t).unflatten(1, (nc, Q)) for t in (xdt, _heads(B.to(w), h), _heads(C.to(w), h)))  # (b, c, q, h, .)
     dA = padt(dA).unflatten(1, (nc, Q)).permute(0, 3, 1, 2)  # (b, h, c, q)
-    Ls = segsum(dA)  # (b, h, c, q, q)
+    Lm = torch.exp(segsum(dA))  # (b, h, c, q, q): the decay mask inside each chunk
     cum = torch.cumsum(dA, -1)  # within-chunk cumulative log decays
     # 1. diagonal blocks: the quadratic form inside each chunk
-    y = torch.einsum("bcthn,bcshn,bhcts,bcshp->bcthp", Cs, Bs, torch.exp(Ls), xs)
+    y = torch.einsum("bcthn,bcshn,bhcts,bcshp->bcthp", Cs, Bs, Lm, xs)
     # 2. each chunk's contribution to the state at its end: decays from s to the chunk's end (the last row of the mask)
-    contrib = torch.einsum("bcshn,bhcs,bcshp->bchpn", Bs, torch.exp(Ls[..., -1, :]), xs)  # (b, c, h, p, n)
+    contrib = torch.einsum("bcshn,bhcs,bcshp->bchpn", Bs, Lm[..., -1, :], xs)  # (b, c, h, p, n)
     # 3. state passing: H_c = (decay over chunk c) H_{c-1} + contrib_c, a scan over chunks
     decay = torch.exp(cum[..., -1]).permute(0, 2, 1)[..., None, None]  # (b, c, h, 1, 1)
     H0 = None if initial_states is None else initial_states.to(w)

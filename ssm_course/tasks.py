@@ -95,6 +95,14 @@ def selective_copying(
     return x, y
 
 # %% ../nbs/13a_tasks.ipynb #393c4edb
+def _pairs(n, n_pairs, V, g):
+    "Checked sizes; `n_pairs` distinct keys per row, their values, and the tokens $k_1 v_1 k_2 v_2 \\ldots$ (n, 2 n_pairs)."
+    _check_gen(n, n_pairs=n_pairs, V=V)
+    if n_pairs > V: raise ValueError(f"n_pairs must be at most V (keys are distinct), got n_pairs={n_pairs}, V={V}")
+    keys = torch.argsort(torch.rand(n, V, generator=g), -1)[:, :n_pairs]
+    vals = torch.randint(0, V, (n, n_pairs), generator=g)
+    return keys, vals, torch.stack([keys, vals + V], -1).reshape(n, 2 * n_pairs)
+
 def associative_recall(
     n:int, # batch size
     n_pairs:int=8, # key-value pairs per sequence (at most V: keys are distinct)
@@ -102,12 +110,8 @@ def associative_recall(
     g:torch.Generator|None=None, # random generator (None: PyTorch's global one)
 )->tuple[Tensor, Tensor]: # x (n, 2 n_pairs + 1) tokens, y (n,) the queried value as 0 to V-1
     "Tokens $k_1 v_1 k_2 v_2 \\ldots q$: distinct keys, their values, then a query key $q$; the target is $q$'s value."
-    _check_gen(n, n_pairs=n_pairs, V=V)
-    if n_pairs > V: raise ValueError(f"n_pairs must be at most V (keys are distinct), got n_pairs={n_pairs}, V={V}")
-    keys = torch.argsort(torch.rand(n, V, generator=g), -1)[:, :n_pairs]
-    vals = torch.randint(0, V, (n, n_pairs), generator=g)
+    keys, vals, x = _pairs(n, n_pairs, V, g)
     q = torch.randint(0, n_pairs, (n,), generator=g)
-    x = torch.stack([keys, vals + V], -1).reshape(n, 2 * n_pairs)
     x = torch.cat([x, keys[torch.arange(n), q][:, None]], 1)
     return x, vals[torch.arange(n), q]
 
@@ -119,12 +123,9 @@ def multi_query_recall(
     g:torch.Generator|None=None, # random generator (None: PyTorch's global one)
 )->tuple[Tensor, Tensor]: # x (n, 3 n_pairs) tokens, y (n, 3 n_pairs): IGNORE except at the queries, where it is the value as 0 to V-1
     "Tokens $k_1 v_1 k_2 v_2 \\ldots$ (`n_pairs` distinct keys and their values), then every key once more, in random order; the target at each query is its value."
-    _check_gen(n, n_pairs=n_pairs, V=V)
-    if n_pairs > V: raise ValueError(f"n_pairs must be at most V (keys are distinct), got n_pairs={n_pairs}, V={V}")
-    keys = torch.argsort(torch.rand(n, V, generator=g), -1)[:, :n_pairs]
-    vals = torch.randint(0, V, (n, n_pairs), generator=g)
+    keys, vals, x = _pairs(n, n_pairs, V, g)
     order = torch.argsort(torch.rand(n, n_pairs, generator=g), -1)  # the order of the queries
-    x = torch.cat([torch.stack([keys, vals + V], -1).reshape(n, 2 * n_pairs), keys.gather(1, order)], 1)
+    x = torch.cat([x, keys.gather(1, order)], 1)
     y = torch.full_like(x, IGNORE)
     y[:, 2 * n_pairs:] = vals.gather(1, order)
     return x, y
