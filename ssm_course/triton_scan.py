@@ -283,7 +283,8 @@ def compile_specs()->list: # one dict per kernel variant (see notebook 10b)
     cases = [(dt, (B, D, L), (B, D, L), False, str(dt).removeprefix("torch.")) for dt in (torch.float32, torch.float16, torch.bfloat16, torch.complex64)]
     cases += [(dt, (B, D, L), (B, D, L), True, str(dt).removeprefix("torch.") + ", h0") for dt in (torch.float32, torch.float16, torch.bfloat16, torch.complex64)]
     cases += [(dt, (D, 1), (B, D, L), False, str(dt).removeprefix("torch.") + ", time-invariant a") for dt in (torch.float32, torch.complex64)]
-    cases += [(torch.float32, (2, 32, 1, 1, 64), (2, 32, 64, 128, 64), True, "float32, a shared by 8192 rows, L = 64 (SSD state passing)")]
+    cases += [(torch.float32, (2, 32, 1, 1, 64), (2, 32, 64, 128, 64), h, f"float32, a shared by 8192 rows, L = 64 (SSD state passing{', h0' if h else ''})")
+              for h in (False, True)]  # ssd without and with initial_states
     cases += [(torch.complex64, (B, D, 64), (B, D, 64), True, "complex64, h0, L = 64 (32 rows per program)")]
     out = []
     for dtype, a_shape, b_shape, has_h0, variant in cases:

@@ -874,7 +874,7 @@ def _specs_selective():
         grads = {p: f for p in ("xs_ptr", "gy_ptr", "glast_ptr", "du_ptr", "ddelta_ptr", "dz_ptr", "dA_ptr", "dB_ptr", "dC_ptr", "dD_ptr", "dbias_ptr", "dx0_ptr")}
         # at 8 warps a (BLOCK_D, BLOCK_T) tile has one element per thread: coalesced 4-byte loads, none 128-bit
         out.append(_spec(_selective_bwd_kernel, f"backward, {name}", dict(**ptrs, **grads, Dm=d, L=L, N=n, NBLK=L // BT, **lay),
-                         dict(cx, HAS_GLAST=False, BLOCK_D=BDb), nwb, vector_loads=False))
+                         dict(cx, HAS_GLAST=True, BLOCK_D=BDb), nwb, vector_loads=False))  # the backward always gets a final-state gradient (zeros when unused)
     return out
 
 def _specs_ssd():
