@@ -10,6 +10,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if os.environ.get("TRITON_INTERPRET") is None and not os.path.exists("/dev/nvidia0"): os.environ["TRITON_INTERPRET"] = "1"
 
 
+def rel(x, ref):
+    "max |x - ref| / max |ref|, computed in the reference's dtype: the relative error the tests bound."
+    return ((x.to(ref.dtype) - ref).abs().max() / (ref.abs().max() + 1e-30)).item()
+
+
 def find_chromium():
     "A headless Chromium: $SSM_COURSE_CHROMIUM if set (empty: none), else Debian's chromium-headless-shell or chromium."
     if (env := os.environ.get("SSM_COURSE_CHROMIUM")) is not None: return shutil.which(env) if env else None

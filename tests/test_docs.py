@@ -557,3 +557,5 @@ def test_quarto_option_check():
     nb = {"cells": [cell('#| fig-cap: "a: b"\n#| code-fold: true\nx'), cell("#| export\n#| fig-alt: A plot: two lines\nx"),
                     cell("#| export\nx"), {"cell_type": "markdown", "source": "#| fig-cap: a: b"}, cell("#| fig-cap: [a, b]\nx")]}
     assert build.quarto_option_errors(nb) == [1]
+    bad = {p.name: e for p in sorted((ROOT / "nbs").glob("*.ipynb")) if (e := build.quarto_option_errors(json.loads(p.read_text())))}
+    assert not bad, f"cells whose options Quarto cannot read: {bad}"  # and the course's own notebooks have none

@@ -141,3 +141,12 @@ def test_triton_floor_is_the_tested_one():
     assert floors == {f">={tested}"}, floors
     readme = (ROOT / "README.md").read_text()
     assert f"Triton {tested}, the oldest version supported" in readme and f"triton>={tested}" in readme
+
+
+def test_optional_accelerators_present_where_required():
+    "Where SSM_COURSE_REQUIRE_FAST=1 (set by .ci/run), numba's loop and ducc0 must be importable, so that their tests run rather than skip."
+    import os
+    if os.environ.get("SSM_COURSE_REQUIRE_FAST") != "1": pytest.skip("set SSM_COURSE_REQUIRE_FAST=1 to require numba and ducc0 (pip install '.[fast]')")
+    import ssm_course.conv as conv, ssm_course.scan as scan
+    assert scan._loop is not None, "numba is not importable: the compiled scan loop and its tests would be skipped"
+    assert conv.ducc0 is not None, "ducc0 is not importable: the ducc0 causal_conv tests would be skipped"

@@ -1,5 +1,5 @@
 """ssm_course.layers additions of notebook 13c: CausalAttention (SequenceModel(layer="attention")), rope, mimetic_init_."""
-import math, pytest, torch
+import copy, math, pytest, torch
 import torch.nn.functional as F
 from ssm_course.layers import LAYERS, CausalAttention, Mamba, SequenceModel, mimetic_init_, rope
 
@@ -73,14 +73,15 @@ def test_sequence_model_attention_shapes_and_no_step():
         assert m(torch.randint(0, 9, (1, 1100))).shape == (1, 6)
 
 
-def test_attention_half_precision_is_computed_in_float32():
+def test_attention_in_bfloat16_is_within_its_rounding():
+    "A bfloat16 layer gives bfloat16 output within bfloat16 rounding of the same weights in float32 (observed 2.5e-3; that SDPA itself runs in float32 is test_attention_under_autocast_runs_in_float32's)."
     torch.manual_seed(3)
-    layer = CausalAttention(16, n_heads=4, positions="rope")
-    x = torch.randn(2, 30, 16)
-    ref = layer(x)
-    y = layer.bfloat16()(x.bfloat16())
+    layer = CausalAttention(16, n_heads=4, positions="rope").bfloat16()
+    x = torch.randn(2, 30, 16).bfloat16()
+    ref = copy.deepcopy(layer).float()(x.float())
+    y = layer(x)
     assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
-    assert (y.float() - ref).abs().max() < 0.05 * ref.abs().max()
+    assert (y.float() - ref).abs().max() < 5e-3 * ref.abs().max()
 
 
 def test_attention_under_autocast_runs_in_float32(monkeypatch):

@@ -78,10 +78,10 @@ def test_complex_and_integer_inputs_promote():
 def test_inputs_unchanged_outputs_finite(N, T, batch, layout, dtype, seed):
     "Every function of notebook 01 leaves its inputs bit-identical (values and strides) and gives finite output for a stable A."
     A, B, C, D = (x.to(dtype) for x in random_ssm(N, seed=seed))
+    A, B, C = A.expand(*batch, N, N), B.expand(*batch, N), C.expand(*batch, N)
+    if layout != "expanded": A, B, C = A.contiguous(), B.contiguous(), C.contiguous()  # else stride 0 across the batch
     if layout == "transposed": A = A.mT.contiguous().mT  # column-major
     if layout == "sliced": B, C = torch.stack([B, B], -1)[..., 0], torch.stack([C, C], -1)[..., 1]  # stride 2
-    A, B, C = A.expand(*batch, N, N), B.expand(*batch, N), C.expand(*batch, N)
-    if layout != "expanded" and batch: A, B, C = A.contiguous(), B.contiguous(), C.contiguous()  # else stride 0 across the batch
     t = torch.linspace(0, 3, 2 * T, dtype=torch.float64)[::2]
     args = [A, B, C, D, t]
     copies = [(a.clone(), a.stride()) for a in args]

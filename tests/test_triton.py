@@ -15,7 +15,7 @@ from ssm_course.checks import resolve_backend
 pytest.importorskip("triton")
 
 
-def rel(x, ref): return ((x.to(ref.dtype) - ref).abs().max() / (ref.abs().max() + 1e-30)).item()
+from conftest import rel
 
 
 def up(x): return x.to(torch.complex128 if x.is_complex() else torch.float64)

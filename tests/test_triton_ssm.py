@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 from ssm_course.triton_ssm import ssm_kernel_diag_triton, selective_scan_triton, ssd_triton
 
 
-def rel(x, ref): return ((x.to(ref.dtype) - ref).abs().max() / (ref.abs().max() + 1e-30)).item()
+from conftest import rel
 
 
 def kdiag_ref(dA, dB, C, L):
