@@ -283,20 +283,21 @@ def bench_selective(copy):
     for name, x, r in zip(("du", "ddelta", "dA", "dB", "dC"), got, want): check(f"selective_scan {name} {tuple(shape)}", rel(x, r), precision="float32", growth=128)
     fwd_bytes, bwd_bytes = model_bytes("selective_scan", "fwd", shape), model_bytes("selective_scan", "bwd", shape)
     xs = [x.clone().requires_grad_() for x in (u, delta, A, B, C)]
-    for impl, f in [("ssm_course (triton kernels)", lambda *a: selective_scan_triton(*a, delta_softplus=True)),
-                    ("ssm_course selective_scan(backend='triton')", lambda *a: selective_scan(*a, delta_softplus=True, backend="triton"))]:
+    Dm = torch.zeros(d, device=DEV)  # the skip term D u: mambapy's selective_scan always takes one, so ours gets it too
+    for impl, f in [("ssm_course (triton kernels)", lambda *a: selective_scan_triton(*a, D=Dm, delta_softplus=True)),
+                    ("ssm_course selective_scan(backend='triton')", lambda *a: selective_scan(*a, D=Dm, delta_softplus=True, backend="triton"))]:
         record("selective_scan fwd", impl, shape, timeit(lambda: f(u, delta, A, B, C)), fwd_bytes, copy)
         y = f(*xs)
         record("selective_scan bwd", impl, shape, timeit(lambda: torch.autograd.grad(y, xs, gy, retain_graph=True)), bwd_bytes, copy)
         del y
         record("selective_scan fwd+bwd", impl, shape, timeit(lambda: torch.autograd.grad(f(*xs), xs, gy)), fwd_bytes + bwd_bytes, copy)
     try:  # mambapy as its blocks call it: MambaBlock.selective_scan on its own contiguous (b, l, d) and (b, l, n) tensors,
-        # prepared outside the timed region; softplus inside, as in its block (and in ours, delta_softplus=True); D = 0 (ours has none)
+        # prepared outside the timed region; softplus inside, as in its block (and in ours, delta_softplus=True); the same D = 0 as ours
         from mambapy.mamba import MambaBlock
         xm, dm, Bm, Cm = (t.transpose(1, 2).contiguous().requires_grad_() for t in (u, delta, B, C))
-        Am, Dm, gym = A.clone().requires_grad_(), torch.zeros(d, device=DEV), gy.transpose(1, 2).contiguous()
+        Am, gym = A.clone().requires_grad_(), gy.transpose(1, 2).contiguous()
         mamba = lambda: MambaBlock.selective_scan(None, xm, F.softplus(dm), Am, Bm, Cm, Dm)  # (b, l, d)
-        with torch.no_grad(): note = f"(b, l, d) layout; max rel diff from ours {rel(mamba().transpose(1, 2), selective_scan_triton(u, delta, A, B, C, delta_softplus=True)):.1e}"
+        with torch.no_grad(): note = f"(b, l, d) layout; max rel diff from ours {rel(mamba().transpose(1, 2), selective_scan_triton(u, delta, A, B, C, D=Dm, delta_softplus=True)):.1e}"
         record("selective_scan fwd+bwd", "mambapy MambaBlock.selective_scan", shape, timeit(lambda: torch.autograd.grad(mamba(), (xm, dm, Am, Bm, Cm), gym)),
                fwd_bytes + bwd_bytes, copy, note=note + "; GB/s: the Triton kernels' bytes")
         del xm, dm, Bm, Cm, Am, gym

@@ -862,7 +862,7 @@ def _specs_selective():
     f, CH = torch.float32, 128
     (BD, BT, nw), (BDb, _, nwb) = _sel_config(d, [], gpu=True), _sel_config(d, [], backward=True, gpu=True)
     out = []
-    for name, (s_b, s_n, s_l), flags in [("bench", (n * L, L, 1), dict(HAS_BIAS=False, HAS_D=False, HAS_Z=False)),  # B, C (b, n, l) contiguous
+    for name, (s_b, s_n, s_l), flags in [("bench", (n * L, L, 1), dict(HAS_BIAS=False, HAS_D=True, HAS_Z=False)),  # B, C (b, n, l) contiguous; D as bench/gpu.py passes it
                                          ("Mamba layer", (n * L, 1, n), dict(HAS_BIAS=True, HAS_D=True, HAS_Z=True))]:  # transposed (b, l, n) views
         ptrs = {p: f for p in ("u_ptr", "delta_ptr", "bias_ptr", "A_ptr", "B_ptr", "C_ptr", "D_ptr", "z_ptr")}
         lay = dict(dpg_B=d, sB_b=s_b, sB_g=0, sB_n=s_n, sB_l=s_l, dpg_C=d, sC_b=s_b, sC_g=0, sC_n=s_n, sC_l=s_l)
