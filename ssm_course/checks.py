@@ -7,7 +7,7 @@ Docs: https://ssm-course.github.io/ssm_course/conventions.html.md"""
 # %% auto #0
 __all__ = ['BACKENDS', 'check_tensor', 'check_square', 'check_last_dim', 'check_choice', 'broadcast_batch', 'common_dtype',
            'triton_available', 'resolve_backend', 'check_size', 'values_hidden', 'check_positive', 'float_dtype',
-           'compute_dtype', 'real_dtype', 'to_precision']
+           'compute_dtype', 'real_dtype', 'to_precision', 'full_precision']
 
 # %% ../nbs/00_conventions.ipynb #d6fb1f77
 import numbers
@@ -166,3 +166,17 @@ def to_precision(
 )->Tensor:
     "`x` cast to the precision of `dtype`, staying real if `x` is real and complex if it is complex."
     return x.to(_COMPLEX.get(dtype, dtype) if x.is_complex() else real_dtype(dtype))
+
+# %% ../nbs/00_conventions.ipynb #c0a7c0a2
+import contextlib, functools
+
+def full_precision(f):
+    "Decorator: run `f` with autocast off (CPU and CUDA), so an op computes at the precision its docstring states."
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        on = [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+        if not on: return f(*args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            for d in on: stack.enter_context(torch.autocast(d, enabled=False))
+            return f(*args, **kwargs)
+    return wrapper
