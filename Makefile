@@ -8,7 +8,8 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH)' | tr -c 'A-Za-z0-9.=\n' '_')
 export PYTHONHASHSEED := 0
-# The most seconds one notebook may take in test mode (`make test NB_MAX_SECONDS=...` to change it).
+# The seconds of CPU time one notebook may take in test mode (`make test NB_MAX_SECONDS=...` to change it): reported on
+# every machine, a failure only in CI (.ci/run sets SSM_COURSE_ENFORCE_NB_BUDGET=1), where it is measured in CPU time.
 NB_MAX_SECONDS ?= 60
 
 .PHONY: test docs lab bench clean install test-triton36
@@ -26,10 +27,10 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	@echo "== 1/3 notebooks clean (nbdev-clean) and package in sync (nbdev-export)"
 	@$(PY) tests/check_sync.py || { echo "make test FAILED at step 1/3: run nbdev-clean and nbdev-export, then commit"; exit 1; }
-	@echo "== 2/3 nbdev-test: run every notebook (slow and gpu cells skipped), each within $(NB_MAX_SECONDS) s"
+	@echo "== 2/3 nbdev-test: run every notebook (slow and gpu cells skipped); budget $(NB_MAX_SECONDS) s of CPU time each"
 	@# Without a GPU every notebook runs under Triton's interpreter: nbdev-test runs several notebooks in one process, and a
 	@# kernel notebook fails if an earlier one imported ssm_course's Triton modules in compiled mode (08 then 10 did).
-	@TRITON_INTERPRET=$$($(PY) -c "import torch; print(0 if torch.cuda.is_available() else 1)") OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) tests/notebook_times.py --max-seconds $(NB_MAX_SECONDS) --n-workers 2 || { echo "make test FAILED at step 2/3: nbdev-test (a notebook raised or ran over $(NB_MAX_SECONDS) s, see above)"; exit 1; }
+	@TRITON_INTERPRET=$$($(PY) -c "import torch; print(0 if torch.cuda.is_available() else 1)") OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) tests/notebook_times.py --max-seconds $(NB_MAX_SECONDS) --n-workers 2 || { echo "make test FAILED at step 2/3: nbdev-test (a notebook raised$${SSM_COURSE_ENFORCE_NB_BUDGET:+, or took over $(NB_MAX_SECONDS) s of CPU time}, see above)"; exit 1; }
 	@echo "== 3/3 pytest tests/"
 	@OMP_NUM_THREADS=1 $(VENV)/bin/pytest tests -n 2 --dist loadfile -q --durations=10 || { echo "make test FAILED at step 3/3: pytest"; exit 1; }
 
