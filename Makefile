@@ -38,7 +38,7 @@ docs: $(STAMP)
 	$(PY) docs/build.py --out _docs --readme README.md
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab nbs
+	$(VENV)/bin/jupyter lab nbs $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf _docs _proc build dist *.egg-info
