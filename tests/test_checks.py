@@ -1,0 +1,17 @@
+"""ssm_course.checks: the shared boundary checks (notebook 00)."""
+import torch
+from hypothesis import given, settings, strategies as st
+
+from ssm_course.checks import broadcast_shapes
+
+shape = st.lists(st.sampled_from([0, 1, 2, 3]), max_size=4).map(tuple)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(shape, min_size=1, max_size=4))
+def test_broadcast_shapes_is_torchs(shapes):
+    try: expected = torch.broadcast_shapes(*shapes)
+    except RuntimeError: expected = None
+    try: got = broadcast_shapes(*shapes)
+    except RuntimeError: got = None
+    assert got == expected, (shapes, got, expected)
