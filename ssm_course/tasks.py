@@ -151,19 +151,28 @@ def sequential_digits(
     return x[..., None], y
 
 # %% ../nbs/13a_tasks.ipynb #c36ff65f
-def _read_idx(path):
-    "An IDX file (MNIST's format), gzipped or not, as a numpy array."
-    with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
-        _, dtype, ndim = struct.unpack(">HBB", f.read(4))
-        shape = struct.unpack(">" + "I" * ndim, f.read(4 * ndim))
-        return np.frombuffer(f.read(), dtype=np.uint8).reshape(shape)
+def _read_idx(path, ndim):
+    "An IDX file (MNIST's format) of unsigned bytes with `ndim` dimensions, gzipped or not, as a numpy array; a `ValueError` naming the file if it is not one."
+    try:
+        with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f: data = f.read()
+    except EOFError as e: raise ValueError(f"{path}: truncated: the gzip stream ends early ({e})") from None
+    except OSError as e: raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+    if len(data) >= 4 and (data[:3] != bytes([0, 0, 8]) or data[3] != ndim):  # magic: two zero bytes, type 0x08 (unsigned byte), the rank
+        raise ValueError(f"{path}: bad magic {data[:4].hex(' ')}, expected 00 00 08 {ndim:02x} (an IDX file of unsigned bytes with {ndim} dimension(s))")
+    head = 4 + 4 * ndim
+    shape = struct.unpack(">" + "I" * ndim, data[4:head]) if len(data) >= head else None
+    want = head + math.prod(shape) if shape is not None else head
+    if len(data) != want:
+        raise ValueError(f"{path}: {'truncated' if len(data) < want else 'too long'}: expected {want} bytes"
+                         + (f" for shape {shape}" if shape is not None else " of header") + f", got {len(data)}")
+    return np.frombuffer(data, dtype=np.uint8, offset=head).reshape(shape)
 
-def _find(root, names):
-    "The first file under `root` whose name is one of `names`."
+def _find(root, names, what):
+    "The first file under `root` whose name is one of `names`; `what` names the file in the error."
     for name in names:
         hits = sorted(Path(root).rglob(name))
         if hits: return hits[0]
-    raise FileNotFoundError(f"none of {names} under {root}")
+    raise FileNotFoundError(f"{what} not found: none of {names} under {root} (download=True fetches them)")
 
 def sequential_images(
     name:str, # "mnist" or "cifar10"
@@ -179,12 +188,18 @@ def sequential_images(
         (torchvision.datasets.MNIST if name == "mnist" else torchvision.datasets.CIFAR10)(root, train=split == "train", download=True)
     if name == "mnist":
         pre = "train" if split == "train" else "t10k"
-        imgs = _read_idx(_find(root, [f"{pre}-images-idx3-ubyte.gz", f"{pre}-images-idx3-ubyte"]))
-        labels = _read_idx(_find(root, [f"{pre}-labels-idx1-ubyte.gz", f"{pre}-labels-idx1-ubyte"]))
+        files = [_find(root, [f"{pre}-{kind}-idx{d}-ubyte.gz", f"{pre}-{kind}-idx{d}-ubyte"], f"MNIST {split} {kind}") for kind, d in (("images", 3), ("labels", 1))]
+        imgs, labels = _read_idx(files[0], 3), _read_idx(files[1], 1)
+        if len(imgs) != len(labels): raise ValueError(f"{files[0]} holds {len(imgs)} images but {files[1]} holds {len(labels)} labels")
         return torch.tensor(imgs.reshape(len(imgs), -1, 1) / 255.0, dtype=torch.float32), torch.tensor(labels, dtype=torch.long)
-    files = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
     xs, ys = [], []
-    for f in files:
-        with open(_find(root, [f]), "rb") as fh: d = pickle.load(fh, encoding="bytes")
-        xs.append(np.asarray(d[b"data"]).reshape(-1, 3, 1024).transpose(0, 2, 1)); ys.extend(d[b"labels"])
+    for f in [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]:
+        path = _find(root, [f], f"CIFAR-10 batch {f}")
+        try:
+            with open(path, "rb") as fh: d = pickle.load(fh, encoding="bytes")
+            data, labels = np.asarray(d[b"data"]), list(d[b"labels"])
+        except Exception as e: raise ValueError(f"{path}: not a CIFAR-10 batch ({type(e).__name__}: {e})") from None
+        if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+            raise ValueError(f"{path}: expected data of shape (n, 3072) and n labels, got data {data.shape} and {len(labels)} labels")
+        xs.append(data.reshape(-1, 3, 1024).transpose(0, 2, 1)); ys.extend(labels)
     return torch.tensor(np.concatenate(xs) / 255.0, dtype=torch.float32), torch.tensor(ys, dtype=torch.long)

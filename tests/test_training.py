@@ -259,3 +259,42 @@ def test_torchrun_two_processes_equal_one_process(tmp_path):
         assert max((single["model"][k] - two["model"][k]).abs().max().item() for k in single["model"]) < 1e-5
         assert max(abs(a - b) for a, b in zip(single["history"]["loss"], two["history"]["loss"])) < 1e-5
     assert load_checkpoint(tmp_path / "two.pt")["history"]["rank_param_diff"] == 0  # identical parameters on both ranks
+
+
+def _idx_bytes(arr, type_code=8):
+    arr = np.asarray(arr, dtype=np.uint8)
+    return struct.pack(">HBB", 0, type_code, arr.ndim) + struct.pack(">" + "I" * arr.ndim, *arr.shape) + arr.tobytes()
+
+
+@pytest.mark.parametrize("which,damage,err,msg", [
+    ("images", lambda b: b[:-10], ValueError, "truncated: expected 2368 bytes for shape (3, 28, 28), got 2358"),  # 16 header + 3 * 784
+    ("images", lambda b: b + b"\0", ValueError, "too long: expected 2368 bytes for shape (3, 28, 28), got 2369"),
+    ("images", lambda b: b[:10], ValueError, "truncated: expected 16 bytes of header, got 10"),
+    ("labels", lambda b: b[:2] + b"\x0d" + b[3:], ValueError, "bad magic 00 00 0d 01, expected 00 00 08 01"),  # type 0x0d: float32
+    ("images", lambda b: _idx_bytes(np.zeros((3, 784))), ValueError, "bad magic 00 00 08 02, expected 00 00 08 03"),
+    ("labels", lambda b: _idx_bytes([7, 2]), ValueError, "holds 3 images but"),
+    ("labels", None, FileNotFoundError, "MNIST test labels not found: none of ['t10k-labels-idx1-ubyte.gz', 't10k-labels-idx1-ubyte']"),
+    ("images", "gzip-cut", ValueError, "truncated: the gzip stream ends early"),
+    ("images", "not-gzip", ValueError, "cannot be read (BadGzipFile"),
+])
+def test_sequential_mnist_damaged_files_are_named(tmp_path, which, damage, err, msg):
+    "Missing, truncated, over-long, wrong-type and mismatched IDX files: an error naming the file and what is wrong (was NumPy's reshape error)."
+    raw = tmp_path / "MNIST" / "raw"; raw.mkdir(parents=True)
+    files = {"images": (raw / "t10k-images-idx3-ubyte.gz", _idx_bytes(np.random.default_rng(0).integers(0, 256, (3, 28, 28)))),
+             "labels": (raw / "t10k-labels-idx1-ubyte.gz", _idx_bytes([7, 2, 1]))}
+    for k, (path, data) in files.items():
+        if k == which and damage is None: continue  # missing
+        if k != which or callable(damage): path.write_bytes(gzip.compress(damage(data) if k == which else data))
+        elif damage == "gzip-cut": path.write_bytes(gzip.compress(data)[:-30])
+        else: path.write_bytes(data)  # not-gzip: raw IDX under a .gz name
+    with pytest.raises(err) as e: tasks.sequential_images("mnist", tmp_path, "test")
+    assert msg in str(e.value) and (damage is None or str(files[which][0]) in str(e.value)), str(e.value)
+
+
+def test_sequential_cifar_damaged_batch_is_named(tmp_path):
+    d = tmp_path / "cifar-10-batches-py"; d.mkdir()
+    with open(d / "test_batch", "wb") as f: pickle.dump({b"data": np.zeros((2, 3000), np.uint8), b"labels": [3, 9]}, f)
+    with pytest.raises(ValueError, match=r"test_batch: expected data of shape \(n, 3072\) and n labels, got data \(2, 3000\)"):
+        tasks.sequential_images("cifar10", tmp_path, "test")
+    (d / "test_batch").write_bytes((d / "test_batch").read_bytes()[:50])
+    with pytest.raises(ValueError, match="test_batch: not a CIFAR-10 batch"): tasks.sequential_images("cifar10", tmp_path, "test")
