@@ -43,9 +43,10 @@ def _powers(logr, turns, e):
     cos, sin = _cis(ph)
     return mag * cos, mag * sin
 
-def _log_parts(dA):
-    "$\\log|\\bar\\lambda|$ and $\\arg\\bar\\lambda / 2\\pi$ in float64, (H, N) contiguous; $\\log 0$ clamped to a finite number, so that $0^0 = 1$ and $0^l = 0$."
+def _log_parts(dA, log=False):
+    "$\\log|\\bar\\lambda|$ and $\\arg\\bar\\lambda / 2\\pi$ in float64, (H, N) contiguous; $\\log 0$ clamped to a finite number, so that $0^0 = 1$ and $0^l = 0$. With `log`, `dA` holds $\\log\\bar\\lambda$: its real part and its imaginary part over $2\\pi$, with no round trip through $\\bar\\lambda$."
     z = dA.to(torch.complex128)
+    if log: return z.real.clamp(min=math.log(1e-300)).contiguous(), (z.imag / (2 * math.pi)).contiguous()
     return torch.log(z.abs().clamp(min=1e-300)).contiguous(), (torch.angle(z) / (2 * math.pi)).contiguous()
 
 # %% ../nbs/11_triton_ssm.ipynb #k1cd0010
@@ -83,10 +84,10 @@ def _kdiag_config(L, N, backward=False, gpu:bool|None=None):
     T, R = (32, 32) if backward else (64, 16)  # the backward holds twice the accumulators
     return BN, T, R, 4 * R * T, 8, 1 if backward else 2
 
-def _kdiag_fwd(dA, W, L):
-    "K (H, L) complex64 for dA, W (H, N) complex64."
+def _kdiag_fwd(dA, W, L, log=False):
+    "K (H, L) complex64 for dA, W (H, N) complex64 (dA: $\\log\\bar\\lambda$ with `log`, complex64 or complex128)."
     H, N = dA.shape
-    logr, turns = _log_parts(dA)
+    logr, turns = _log_parts(dA, log)
     BN, T, R, lags, nw, ns = _kdiag_config(L, N)
     K = torch.empty(H, L, 2, dtype=torch.float32, device=dA.device)
     _kdiag_fwd_kernel[(H, triton.cdiv(L, lags))](logr, turns, torch.view_as_real(W.resolve_conj().contiguous()), K, N, L, lags,
@@ -125,38 +126,72 @@ def _kdiag_bwd_kernel(logr_ptr, turns_ptr, g_ptr, s_ptr, N, L, LAGS,
     tl.store(out + 2, s2r, mask=mn); tl.store(out + 3, s2i, mask=mn)
 
 # %% ../nbs/11_triton_ssm.ipynb #93898645
+def _to_front(x, d, size):
+    "`x` with its vmapped axis `d` first (`None`: broadcast to `size`)."
+    return x.expand(size, *x.shape) if d is None else x.movedim(d, 0)
+
+def _no_func_grad(op, *xs):
+    "Refuse `torch.func.grad` (and jacrev, ...) in a Triton backward: its gradients arrive wrapped, and a kernel cannot read a wrapped tensor."
+    if any(isinstance(x, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(x) for x in xs):
+        raise NotImplementedError(f"{op}'s Triton backward does not support torch.func.grad/vjp/jacrev; use torch.autograd.grad or "
+                                  "loss.backward() (the same gradients), or backend='torch'")
+
 class _KernelDiag(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, dA, W, L):  # dA, W: (H, N) complex64
-        ctx.save_for_backward(dA, W)
-        ctx.L = L
-        return _kdiag_fwd(dA, W, L)
+    generate_vmap_rule = False  # its own rule: the vmapped axis joins the channels
 
     @staticmethod
+    def forward(dA, W, L, log):  # dA: (H, N) complex64, or log(dA) complex64/complex128 with `log`; W: (H, N) complex64
+        return _kdiag_fwd(dA, W, L, log)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        dA, W, ctx.L, ctx.log = inputs
+        ctx.save_for_backward(dA, W)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the backward is a Triton kernel: a double backward raises instead of returning a detached zero
     def backward(ctx, gK):
         dA, W = ctx.saved_tensors
+        _no_func_grad("ssm_kernel_diag", gK, dA, W)
         (H, N), L = dA.shape, ctx.L
-        logr, turns = _log_parts(dA)
+        logr, turns = _log_parts(dA, ctx.log)
         BN, T, R, lags, nw, ns = _kdiag_config(L, N, backward=True)
         S = torch.empty(H, triton.cdiv(L, lags), N, 2, 2, dtype=torch.float32, device=dA.device)
         g = torch.view_as_real(gK.to(torch.complex64).resolve_conj().contiguous())
         _kdiag_bwd_kernel[(H, S.shape[1])](logr, turns, g, S, N, L, lags, BLOCK_N=BN, T=T, ROWS=R, PREC="tf32x3", num_warps=nw, num_stages=ns)
         s = torch.view_as_complex(S.sum(1))  # (H, N, 2): the two sums
-        return W.conj() * s[..., 1], s[..., 0], None
+        gdA = W.conj() * s[..., 1]  # dK_l/d lambda = l W lambda^(l-1)
+        if ctx.log: gdA = torch.exp(dA.to(torch.complex128)).conj() * gdA  # dK_l/d log(lambda) = l W lambda^l: times lambda (conjugated, PyTorch's convention)
+        return gdA.to(dA.dtype), s[..., 0], None, None
+
+    @staticmethod
+    def vmap(info, in_dims, dA, W, L, log):
+        dA, W = _to_front(dA, in_dims[0], info.batch_size), _to_front(W, in_dims[1], info.batch_size)
+        (B, H, N) = dA.shape
+        return _KernelDiag.apply(dA.reshape(B * H, N), W.expand(B, H, N).reshape(B * H, N), L, log).reshape(B, H, L), 0
 
 def ssm_kernel_diag_triton(
-    dA:Tensor, # discrete eigenvalues, (..., N), float32 or complex64
+    dA:Tensor, # discrete eigenvalues $\bar\lambda$, (..., N), float32 or complex64; with `log`, $\log\bar\lambda$ (float32/64 or complex64/128)
     dB:Tensor, # (..., N)
     C:Tensor, # (..., N)
     L:int, # kernel length
+    *,
+    log:bool=False, # `dA` holds $\log\bar\lambda$ (for ZOH, $\Delta\lambda$): exponents from it in float64, no rounded $\bar\lambda$
 )->Tensor: # (..., L), complex64 (float32 if every input is real)
-    r"Triton `ssm_kernel_diag`: $K_l = \sum_n C_n \bar B_n \bar\lambda_n^{\,l}$ as a matrix product per block of lags, phases in float64."
+    r"""Triton `ssm_kernel_diag`: $K_l = \sum_n C_n \bar B_n \bar\lambda_n^{\,l}$ as a matrix product per block of lags, phases in float64.
+
+    With `log=True`, $\bar\lambda^l = e^{l\log\bar\lambda}$ takes $\log|\bar\lambda|$ and $\arg\bar\lambda/2\pi$ straight from the
+    given logarithm in float64 (a double-precision logarithm keeps its precision), and the gradient is the one with respect to the logarithm.
+    Differentiable once with autograd (a double backward raises); `torch.func.vmap` is supported, `torch.func.grad` raises."""
     real = not (dA.is_complex() or dB.is_complex() or C.is_complex())
-    if {torch.float64, torch.complex128} & {dA.dtype, dB.dtype, C.dtype}:
-        raise ValueError("the Triton ssm_kernel_diag computes in complex64; use backend='torch' for double precision")
+    doubles = {torch.float64, torch.complex128}
+    if doubles & {dB.dtype, C.dtype} or (not log and dA.dtype in doubles):
+        raise ValueError("the Triton ssm_kernel_diag computes in complex64 (only a logarithm dA with log=True may be double: its exponents are "
+                         "taken in float64); use backend='torch' for double precision")
     shape = torch.broadcast_shapes(dA.shape, dB.shape, C.shape)
     W = (C.to(torch.complex64) * dB.to(torch.complex64)).expand(shape).reshape(-1, shape[-1])
-    K = _KernelDiag.apply(dA.to(torch.complex64).expand(shape).reshape(-1, shape[-1]), W, L).reshape(*shape[:-1], L)
+    lam = dA.to(torch.complex128 if dA.dtype in doubles else torch.complex64)
+    K = _KernelDiag.apply(lam.expand(shape).reshape(-1, shape[-1]), W, L, log).reshape(*shape[:-1], L)
     return K.real if real else K
 
 # %% ../nbs/11_triton_ssm.ipynb #8fe01b6b
