@@ -8,7 +8,7 @@ Docs: https://ssm-course.github.io/ssm_course/training.html.md"""
 __all__ = ['TASKS', 'save_checkpoint', 'load_checkpoint', 'Trainer', 'main']
 
 # %% ../nbs/13b_training.ipynb #fcf7601c
-import argparse, contextlib, copy, hashlib, io, math, os
+import argparse, contextlib, copy, glob, hashlib, io, math, numbers, os, secrets, socket, time
 from pathlib import Path
 from collections.abc import Callable
 import torch
@@ -46,8 +46,22 @@ def _backend(device):
     "The process-group backend for `device`: NCCL for CUDA tensors, gloo for CPU tensors (NCCL cannot communicate CPU tensors)."
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
+def _check_number(x, name, positive=True, hint=""):
+    "A finite real number (not a bool or a string), > 0 if `positive` else >= 0, as a float; `hint` ends the error message."
+    if isinstance(x, bool) or not isinstance(x, numbers.Real): raise TypeError(f"{name} must be a real number, got {x!r} of type {type(x).__name__}{hint}")
+    if not math.isfinite(x) or (x <= 0 if positive else x < 0): raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {x}{hint}")
+    return float(x)
+
+def _check_finite(data, name):
+    "Refuse NaN and infinite values in a batch's floating-point inputs x or targets y, saying where the first one is."
+    for part, t in zip("xy", data):
+        if (t.is_floating_point() or t.is_complex()) and not values_hidden(t):
+            bad = ~torch.isfinite(t)
+            if bool(bad.any()):
+                raise ValueError(f"{name}: {part} must be finite, got {int(bad.sum())} NaN or infinite value(s), the first {t[bad][0].item()} at index {tuple(bad.nonzero()[0].tolist())}")
+
 def _check_data(data, name):
-    "A generator function, or a pair of tensors (x, y) with one target per input."
+    "A generator function, or a pair of tensors (x, y) with one target per input and no NaN or infinite values."
     if callable(data): return data
     if not (isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data)):
         raise TypeError(f"{name} must be a function f(n, generator) -> (x, y) or a pair of tensors (x, y), got {type(data).__name__}"
@@ -56,6 +70,7 @@ def _check_data(data, name):
     if x.ndim == 0 or y.ndim == 0: raise ValueError(f"{name}: x and y must have a batch dimension, got shapes {tuple(x.shape)} and {tuple(y.shape)}")
     if len(x) != len(y): raise ValueError(f"{name}: x and y must hold the same number of examples, got {len(x)} inputs and {len(y)} targets")
     if len(x) == 0: raise ValueError(f"{name} is empty: shapes {tuple(x.shape)} and {tuple(y.shape)}")
+    _check_finite(data, name)
     return tuple(data)
 
 def _check_targets(out, y, loss, name):
@@ -78,33 +93,68 @@ def _check_targets(out, y, loss, name):
 
 # %% ../nbs/13b_training.ipynb #6b4e878e
 _MAGIC = b"ssm_course checkpoint v1\n"
+_STALE_S = 3600  # seconds after its last write that any writer's leftover temporary file counts as abandoned
+
+def _temporaries(path):
+    "The temporary files of writers of `path` (`.<name>.<host>.<pid>.<random>.tmp` beside it): (file, host, pid)."
+    found = []
+    for f in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        host, pid, _ = (f.name[len(path.name) + 2:-len(".tmp")].rsplit(".", 2) + ["", ""])[:3]
+        if pid.isdigit(): found.append((f, host, int(pid)))
+    return found
+
+def _alive(pid):
+    "Whether process `pid` runs on this host (assumed so where it cannot be asked: Windows, where signal 0 would end it)."
+    if os.name == "nt": return True
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except OSError: pass  # it exists, but belongs to another user
+    return True
+
+def _remove_stale(path):
+    "Delete temporary files that writers of `path` left behind when killed before the rename: this host's of dead processes, any host's untouched for `_STALE_S`."
+    host, now = socket.gethostname(), time.time()
+    for f, h, pid in _temporaries(path):
+        try:
+            if (h == host and not _alive(pid)) or now - f.stat().st_mtime > _STALE_S: f.unlink()
+        except OSError: pass  # removed meanwhile by another cleaner, or a folder we may only read
 
 def save_checkpoint(
     obj:dict, # what to save (tensors, numbers, strings, lists and dicts of them)
     path:str|Path, # the file to write
 ):
-    "Write `obj` to `path` atomically (a temporary file, then a rename) after a SHA-256 checksum of its bytes."
+    "Write `obj` to `path` atomically (a temporary file of this writer's own, then a rename) after a SHA-256 checksum of its bytes."
+    if not isinstance(obj, dict): raise TypeError(f"obj must be a dict, got {type(obj).__name__}")
     buf = io.BytesIO(); torch.save(obj, buf); payload = buf.getvalue()
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    _remove_stale(path)
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(8)}.tmp")  # unique per writer, thread or process
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:
             f.write(_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
             f.flush(); os.fsync(f.fileno())
         os.replace(tmp, path)
-    finally:
-        if tmp.exists(): tmp.unlink()
+    finally: tmp.unlink(missing_ok=True)
+    if os.name != "nt":  # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+        try: os.fsync(fd)
+        finally: os.close(fd)
 
 def load_checkpoint(
     path:str|Path, # a file written by `save_checkpoint`
     map_location:str|torch.device|None=None, # where to put the tensors (as in `torch.load`)
 )->dict:
-    "Read a checkpoint, verifying its checksum; `ValueError('corrupt checkpoint: <path>')` if it is empty, truncated or altered."
-    data, head = Path(path).read_bytes(), len(_MAGIC) + 65  # magic, 64 hex digits, newline
+    "Read a checkpoint, verifying its checksum; `ValueError('corrupt checkpoint: <path>')` if it is empty, truncated or altered, 'invalid checkpoint' if its payload is not a dict."
+    path = Path(path)
+    _remove_stale(path)
+    data, head = path.read_bytes(), len(_MAGIC) + 65  # magic, 64 hex digits, newline
     if len(data) < head or not data.startswith(_MAGIC) or data[head - 1:head] != b"\n" \
        or hashlib.sha256(data[head:]).hexdigest().encode() != data[len(_MAGIC):head - 1]:
         raise ValueError(f"corrupt checkpoint: {path}")
-    return torch.load(io.BytesIO(data[head:]), map_location=map_location, weights_only=True)
+    try: obj = torch.load(io.BytesIO(data[head:]), map_location=map_location, weights_only=True)
+    except Exception as e: raise ValueError(f"invalid checkpoint {path}: torch.load fails on its payload ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from e
+    if not isinstance(obj, dict): raise ValueError(f"invalid checkpoint {path}: the payload must be a dict, got {type(obj).__name__}")
+    return obj
 
 # %% ../nbs/13b_training.ipynb #f56f3e4d
 class Trainer:
@@ -127,6 +177,8 @@ class Trainer:
                  amp:str="none", # "bf16": bfloat16 autocast for the forward pass; "none": full precision
                 ):
         check_choice(loss, "loss", {"ce", "mse"}); check_choice(amp, "amp", {"none", "bf16"})
+        lr, ssm_lr, weight_decay = _check_number(lr, "lr"), _check_number(ssm_lr, "ssm_lr"), _check_number(weight_decay, "weight_decay", positive=False)
+        if grad_clip is not None: grad_clip = _check_number(grad_clip, "grad_clip", hint=" (None: no clipping)")
         self.steps, self.batch_size = check_size(steps, "steps"), check_size(batch_size, "batch_size")
         warmup, eval_size = check_size(warmup, "warmup", min=0), check_size(eval_size, "eval_size")
         self.rank, self.world = _dist()
@@ -179,7 +231,7 @@ class Trainer:
         loss = total / count.clamp(min=1)  # this rank's share of the global mean
         self.opt.zero_grad(set_to_none=True)
         (loss * self.world).backward()  # DDP averages gradients over ranks: the mean of world * share = the global mean's gradient
-        if self.grad_clip: nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
+        if self.grad_clip is not None: nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
         self.opt.step(); self.sched.step(); self.step += 1
         loss = loss.detach()
         if self.world > 1: torch.distributed.all_reduce(loss)  # the sum of the shares = the loss of the global batch
@@ -191,6 +243,8 @@ class Trainer:
                  batch_size:int=256, # examples per forward pass
                 )->tuple: # (mean loss, accuracy over the scored positions; None for mse)
         "Loss and accuracy on the evaluation data."
+        if self.eval_data is None: raise ValueError("evaluate needs evaluation data: pass eval_data=(x, y) or a generator function to Trainer")
+        batch_size = check_size(batch_size, "batch_size")
         self.model.eval()
         x, y = self.eval_data
         total, count, correct = 0.0, 0, 0
@@ -211,7 +265,8 @@ class Trainer:
             plot:bool=False, # redraw the loss and accuracy curves after each evaluation (in a notebook)
            )->dict: # the history: steps, losses, evaluations
         "Train for `steps` more steps in rounds of `eval_every`, evaluating after each round."
-        end = self.step + steps if steps is not None else self.steps
+        eval_every = check_size(eval_every, "eval_every")
+        end = self.step + check_size(steps, "steps", min=0) if steps is not None else self.steps
         stops = sorted({s for s in range(self.step + 1, end + 1) if s % eval_every == 0} | {end}) if end > self.step else []
         rounds = list(zip([self.step] + stops[:-1], stops))  # (first step, last step) of each round
         mb = master_bar(rounds) if progress and self.rank == 0 and rounds else None
@@ -256,20 +311,58 @@ class Trainer:
     def load(self,
              path:str|Path, # a checkpoint written by `save`
             ):
-        "Resume from a checkpoint, all or nothing: a corrupt file, another model's or an incomplete one raises and changes nothing."
+        "Resume from a checkpoint, all or nothing: a corrupt, invalid or incomplete file, or another model's, raises and changes nothing."
         s = load_checkpoint(path, map_location="cpu")
-        missing = sorted({"model", "opt", "sched", "step", "history", "gen", "torch_rng"} - set(s))
-        if missing: raise ValueError(f"checkpoint {path} is incomplete: it has no {missing}")
-        own = self.module.state_dict()
-        if set(own) != set(s["model"]) or any(own[k].shape != s["model"][k].shape for k in own):
-            diff = sorted(set(own) ^ set(s["model"])) or [k for k in own if own[k].shape != s["model"][k].shape]
-            raise ValueError(f"checkpoint {path} holds another model (parameters that differ in name or shape: {diff[:4]})")
+        self._check_state(s, path)
         backup = copy.deepcopy(self.state_dict())
         try: self._load(s)
         except Exception as e:
             self._load(backup)
             raise ValueError(f"checkpoint {path} does not fit this trainer: {e}") from e
         return self
+
+    def _check_state(self, s, path):
+        "Refuse, before anything is replaced, a checkpoint whose keys, structure or types are not those `state_dict` writes for this trainer."
+        bad = lambda what: ValueError(f"invalid checkpoint {path}: {what}")
+        got = lambda v: repr(v) if isinstance(v, (numbers.Number, str, type(None))) else type(v).__name__
+        is_int, is_real = (lambda v: isinstance(v, int) and not isinstance(v, bool)), (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool))
+        missing = sorted({"model", "opt", "sched", "step", "history", "gen", "torch_rng"} - set(s))
+        if missing: raise ValueError(f"checkpoint {path} is incomplete: it has no {missing}")
+        model, own = s["model"], self.module.state_dict()
+        if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in model.items()):
+            raise bad(f"model must map parameter names to tensors, got {got(model) if not isinstance(model, dict) else sorted({type(v).__name__ for v in model.values()})}")
+        diff = sorted(set(own) ^ set(model)) or [k for k in own if (own[k].shape, own[k].dtype) != (model[k].shape, model[k].dtype)]
+        if diff: raise ValueError(f"checkpoint {path} holds another model (parameters that differ in name, shape or dtype: {diff[:4]})")
+        step, h = s["step"], s["history"]
+        if not is_int(step) or step < 0: raise bad(f"step must be an integer >= 0, got {got(step)}")
+        if not isinstance(h, dict): raise bad(f"history must be a dict of lists, got {got(h)}")
+        for k, ok, what in [("step", is_int, "integers"), ("loss", is_real, "numbers"), ("eval_step", is_int, "integers"),
+                            ("eval_loss", is_real, "numbers"), ("eval_acc", lambda v: v is None or is_real(v), "numbers or None")]:
+            if not (isinstance(h.get(k), list) and all(map(ok, h[k]))): raise bad(f"history[{k!r}] must be a list of {what}, got {got(h.get(k))}")
+        if len(h["step"]) != len(h["loss"]) or not len(h["eval_step"]) == len(h["eval_loss"]) == len(h["eval_acc"]):
+            raise bad("history's lists of steps and losses differ in length")
+        for k in ("gen", "torch_rng", "cuda_rng"):
+            if k in s and not (isinstance(s[k], Tensor) and s[k].dtype == torch.uint8 and s[k].ndim == 1): raise bad(f"{k} must be an RNG state (a 1-D uint8 tensor), got {got(s[k])}")
+        opt, own_opt = s["opt"], self.opt.state_dict()
+        if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list) and all(isinstance(g, dict) for g in opt["param_groups"])):
+            raise bad(f"opt must be an optimizer state (a dict with 'state' and 'param_groups'), got {got(opt)}")
+        if [g.get("params") for g in opt["param_groups"]] != [g["params"] for g in own_opt["param_groups"]]:
+            raise ValueError(f"checkpoint {path} does not fit this trainer: its optimizer groups hold parameters {[g.get('params') for g in opt['param_groups']]}, this trainer's {[g['params'] for g in own_opt['param_groups']]}")
+        for g in opt["param_groups"]:
+            for k in ("lr", "weight_decay"):
+                if not (is_real(g.get(k)) and math.isfinite(g[k]) and g[k] >= 0): raise bad(f"optimizer group {g.get('name')!r} has {k} {got(g.get(k))}, expected a finite number >= 0")
+        params = [p for g in self.opt.param_groups for p in g["params"]]
+        for i, st in opt["state"].items():
+            if not (is_int(i) and 0 <= i < len(params) and isinstance(st, dict)): raise bad(f"optimizer state entry {got(i)} is not a parameter index in [0, {len(params)}) with a dict of moments")
+            for k, v in st.items():
+                if not (isinstance(v, Tensor) and v.shape in (params[i].shape, ()) or is_real(v)):
+                    raise bad(f"optimizer state {k!r} of parameter {i} must be a number or a tensor of shape {tuple(params[i].shape)}, got {got(v) if not isinstance(v, Tensor) else tuple(v.shape)}")
+        sched = s["sched"]
+        if not (isinstance(sched, dict) and is_int(sched.get("last_epoch")) and sched["last_epoch"] == step):
+            raise bad(f"sched must be a schedule state whose last_epoch equals step {step}, got {got(sched) if not isinstance(sched, dict) else got(sched.get('last_epoch'))}")
+        for k in ("base_lrs", "_last_lr"):
+            if k in sched and not (isinstance(sched[k], list) and len(sched[k]) == len(own_opt["param_groups"]) and all(map(is_real, sched[k]))):
+                raise bad(f"sched[{k!r}] must be a list of {len(own_opt['param_groups'])} learning rates, got {got(sched[k])}")
 
     def _load(self, s):
         "Put a checkpoint's state `s` into the model, optimizer, schedule, generators, step and history."
@@ -300,14 +393,26 @@ def main(
     ap.add_argument("--amp", default="none", choices=["none", "bf16"], help="bf16: bfloat16 autocast (mixed precision)")
     ap.add_argument("--save", help="write the final checkpoint here")
     a = ap.parse_args(argv)
+    try:  # refuse bad options before any work, naming the option
+        for k in ("steps", "batch_size", "d_model", "n_layers"): check_size(getattr(a, k), "--" + k.replace("_", "-"))
+        _check_number(a.lr, "--lr")
+    except (TypeError, ValueError) as e: ap.error(str(e))
+    if a.save:  # checked now, not after all the training
+        save = Path(a.save)
+        if save.is_dir(): ap.error(f"--save {a.save} is a directory; give a file name, e.g. {save / 'checkpoint.pt'}")
+        if not save.parent.is_dir(): ap.error(f"--save {a.save}: the directory {save.parent} does not exist")
+        if not os.access(save.parent, os.W_OK): ap.error(f"--save {a.save}: the directory {save.parent} is not writable")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    device = _setup_device(a.device, distributed)  # under torchrun: LOCAL_RANK's GPU
+    try: device = _setup_device(a.device, distributed)  # under torchrun: LOCAL_RANK's GPU
+    except (RuntimeError, AssertionError, ValueError) as e: ap.error(f"--device {a.device}: {(str(e).splitlines() or [''])[0]}")
     own_group = distributed and not torch.distributed.is_initialized()  # a calling script may have started it
     if own_group: torch.distributed.init_process_group(_backend(device))  # NCCL for GPUs, gloo for CPUs
     data, vocab = TASKS[a.task]
     torch.manual_seed(a.seed)  # identical initial weights on every rank
-    model = SequenceModel(vocab, d_model=a.d_model, n_layers=a.n_layers, layer=a.layer, vocab_size=vocab, pool=None)
-    trainer = Trainer(model, data, steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=device, amp=a.amp)
+    try:
+        model = SequenceModel(vocab, d_model=a.d_model, n_layers=a.n_layers, layer=a.layer, vocab_size=vocab, pool=None)
+        trainer = Trainer(model, data, steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=device, amp=a.amp)
+    except (TypeError, ValueError) as e: ap.error(f"--layer {a.layer} --d-model {a.d_model} --batch-size {a.batch_size}: {e}")
     trainer.fit(progress=True)
     if distributed:  # DDP's promise: every rank holds the same parameters; measure it
         flat = torch.cat([p.detach().flatten() for p in model.parameters()])
