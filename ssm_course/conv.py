@@ -388,7 +388,7 @@ def _matrix_power(A, L):
 
 def ssm_kernel_dplr(
     Lambda:Tensor, # diagonal part $\Lambda$, (..., N), complex
-    P:Tensor, # low-rank factor: (..., N) for rank 1, or (..., r, N); $A = \mathrm{diag}(\Lambda) - \sum_i P_i P_i^\ast$
+    P:Tensor, # low-rank factor with its rank axis, (..., r, N), so `P.ndim > Lambda.ndim`; $A = \mathrm{diag}(\Lambda) - \sum_i P_i P_i^\ast$
     B:Tensor, # input vector, (..., N)
     C:Tensor, # output vector, (..., N); or $\tilde C = C(I - \bar A^L)$ with `tilde=True`
     dt:Tensor|float, # step $\Delta > 0$, scalar or broadcastable to the batch dims
@@ -399,7 +399,9 @@ def ssm_kernel_dplr(
     "S4's kernel of $A = \\mathrm{diag}(\\Lambda) - PP^\\ast$: generating function at roots of unity, Woodbury bordered at the nearest pole, Cauchy kernel, inverse FFT."
     N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
     P = check_last_dim(P, "P", N)
-    P = P[..., None, :] if P.ndim <= Lambda.ndim else P  # (..., r, N)
+    if P.ndim <= Lambda.ndim:  # the rank axis is never guessed from sizes: P's last two axes are always (r, N)
+        raise ValueError(f"P must have shape (..., r, N), with its rank axis r: at least one dimension more than Lambda {tuple(Lambda.shape)}, "
+                         f"got P of shape {tuple(P.shape)}; for rank 1 write P[..., None, :], for one rank-r factor shared by the channels P[None]")
     check_last_dim(B, "B", N); check_last_dim(C, "C", N)
     L, chunk = check_size(L, "L"), check_size(chunk, "chunk")
     out = float_dtype(Lambda, P, B, C)

@@ -156,8 +156,8 @@ def _low_rank(
 def dplr(
     measure:str, # "legs", "legt", "lagt" or "fout"
     N:int, # state size
-)->tuple[Tensor, Tensor, Tensor, Tensor]: # (Lambda (N,), P (N,) or (r, N), B (N,), V (N, N)), complex128
-    "HiPPO's $A$ as $V(\\mathrm{diag}\\,\\Lambda - PP^H)V^H$ with $V$ unitary; $P$ and $B$ are returned in the diagonal basis."
+)->tuple[Tensor, Tensor, Tensor, Tensor]: # (Lambda (N,), P (r, N), B (N,), V (N, N)), complex128; r = 2 for "legt", else 1
+    "HiPPO's $A$ as $V(\\mathrm{diag}\\,\\Lambda - P^\\top\\bar P)V^H$ with $V$ unitary; the $r$ rows of $P$ and $B$ are returned in the diagonal basis."
     N = _check_measure(measure, N)
     A, B = hippo(measure, N)
     p = _low_rank(measure, N)  # (r, N)
@@ -167,4 +167,4 @@ def dplr(
     w, V = torch.linalg.eigh(-1j * S.to(torch.complex128))  # -iS is Hermitian
     Lambda = c + 1j * w
     P = p.to(torch.complex128) @ V.conj()  # rows of V^H p: (r, N)
-    return Lambda, (P[0] if P.shape[0] == 1 else P), V.mH @ B.to(torch.complex128), V
+    return Lambda, P, V.mH @ B.to(torch.complex128), V  # P keeps its rank axis for every measure

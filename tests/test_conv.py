@@ -352,13 +352,41 @@ def test_dplr_kernel_tilde_and_chunks():
 def test_dplr_kernel_batching():
     "Issue 13: batched Lambda/P with unbatched B/C, and a batched dt alone, give the channels one at a time."
     Lam, P, Bt, _ = dplr("legs", 8)
-    A = torch.diag(Lam) - P[:, None] * P.conj()[None]
+    A = torch.diag(Lam) - P.mT @ P.conj()
     dts = torch.tensor([0.01, 0.05, 0.1], dtype=torch.float64)
     C = torch.randn(8, dtype=torch.complex128)
     refs = torch.stack([ssm_kernel(*discretize(A, Bt, d.item(), "bilinear"), C, 50) for d in dts])
-    for K in (ssm_kernel_dplr(Lam.expand(3, 8), P.expand(3, 8), Bt, C, dts, 50), ssm_kernel_dplr(Lam, P, Bt, C, dts, 50),
+    for K in (ssm_kernel_dplr(Lam.expand(3, 8), P.expand(3, 1, 8), Bt, C, dts, 50), ssm_kernel_dplr(Lam, P, Bt, C, dts, 50),
               ssm_kernel_dplr(Lam, P[None].expand(3, 1, 8), Bt, C.expand(3, 8), dts, 50)):
         assert K.shape == (3, 50) and (K - refs).abs().max() < 1e-12 * refs.abs().max()
+
+
+def test_dplr_rank_axis_is_never_guessed():
+    """Issue 25 item 13: P always carries its rank axis (..., r, N), with more dimensions than Lambda. LegT's rank-2 P (2, N)
+    with a batched Lambda (2, N) was read as two rank-1 channels (210% error): now refused, saying how to write either
+    reading; P[None] gives both channels the rank-2 factor. A P without its rank axis is refused; (3, N) is rank 3."""
+    N, L, dt = 6, 40, 0.05
+    Lam, P, Bt, V = dplr("legt", N)
+    assert P.shape == (2, N)
+    A = torch.diag(Lam) - P.mT @ P.conj()  # the rank-2 DPLR matrix
+    C = torch.randn(2, N, dtype=torch.complex128, generator=torch.Generator().manual_seed(0))
+    scale = torch.tensor([1.0, 0.5], dtype=torch.float64)[:, None]  # two channels with different Lambda
+    with pytest.raises(ValueError, match=r"P\[\.\.\., None, :\].*P\[None\]"):
+        ssm_kernel_dplr(Lam * scale, P, Bt, C, dt, L)
+    K = ssm_kernel_dplr(Lam * scale, P[None], Bt, C, dt, L)
+    for h in range(2):
+        ref = ssm_kernel(*discretize(A + torch.diag(Lam * scale[h] - Lam), Bt, dt, "bilinear"), C[h], L)
+        assert (K[h] - ref).abs().max() < 1e-12 * ref.abs().max(), h
+    Ls, Ps, Bs, _ = dplr("legs", N)
+    for bad in (Ps[0], Ps[0].expand(3, N)):  # (N,) against Lambda (N,); (3, N) against Lambda (3, N)
+        with pytest.raises(ValueError, match=r"P\[\.\.\., None, :\]"):
+            ssm_kernel_dplr(Ls.expand(*bad.shape[:-1], N), bad, Bs, Bs, dt, L)
+    K3 = ssm_kernel_dplr(Ls, Ps.expand(3, N), Bs, Bs, dt, L)  # rank 3 by its shape: diag(Lambda) - 3 P P^*
+    ref = ssm_kernel(*discretize(torch.diag(Ls) - 3 * Ps.mT @ Ps.conj(), Bs, dt, "bilinear"), Bs, L)
+    assert K3.shape == (L,) and (K3 - ref).abs().max() < 1e-12 * ref.abs().max()
+    K1 = ssm_kernel_dplr(Ls.expand(3, N), Ps.expand(3, 1, N), Bs, Bs, dt, L)  # three channels of rank 1
+    ref = ssm_kernel(*discretize(torch.diag(Ls) - Ps.mT @ Ps.conj(), Bs, dt, "bilinear"), Bs, L)
+    assert K1.shape == (3, L) and (K1 - ref).abs().max() < 1e-12 * ref.abs().max()
 
 
 @pytest.mark.parametrize("measure,N", [("legs", 3), ("fout", 3), ("legt", 3), ("lagt", 1)])
@@ -374,7 +402,7 @@ def test_dplr_half_and_ints():
     K = ssm_kernel_dplr(Lam, P, Bt, torch.ones(4, dtype=torch.complex128), 0.1, 20)
     Kh = ssm_kernel_dplr(Lam.to(torch.complex64), P.to(torch.complex64), Bt.to(torch.complex64), torch.ones(4, dtype=torch.float16), 0.1, 20)
     assert Kh.dtype == torch.complex64 and (Kh - K).abs().max() < 1e-5 * K.abs().max()
-    Ki = ssm_kernel_dplr(torch.tensor([-1, -2]), torch.tensor([0, 0]), torch.tensor([1, 1]), torch.tensor([1, 1]), 0.5, 6)  # integers
+    Ki = ssm_kernel_dplr(torch.tensor([-1, -2]), torch.tensor([[0, 0]]), torch.tensor([1, 1]), torch.tensor([1, 1]), 0.5, 6)  # integers
     ref = ssm_kernel(*discretize(torch.diag(torch.tensor([-1.0, -2.0], dtype=torch.float64)), torch.ones(2, dtype=torch.float64), 0.5, "bilinear"), torch.ones(2, dtype=torch.float64), 6)
     assert (Ki.real.double() - ref).abs().max() < 1e-5
 
@@ -442,9 +470,9 @@ def test_inits():
 def test_s4d_legs_half_from_woodbury():
     "Issue 18 item 6: with P = B/sqrt(2), S4-LegS's resolvent is the diagonal one divided by 1 + s/2, and s -> 2 frequency by frequency."
     Lam, P, B, _ = dplr("legs", 256)
-    assert (P - B / math.sqrt(2)).abs().max() < 1e-12
+    assert (P[0] - B / math.sqrt(2)).abs().max() < 1e-12
     g = 3j
-    A = torch.diag(Lam) - P[:, None] * P.conj()[None]
+    A = torch.diag(Lam) - P.mT @ P.conj()
     full = torch.linalg.solve(g * torch.eye(256, dtype=torch.complex128) - A, B)
     R = 1 / (g - Lam)
     s = (B.abs() ** 2 * R).sum()
@@ -483,12 +511,13 @@ BAD = [
     (lambda: ssm_recurrence(torch.eye(3), torch.ones(3), torch.ones(2), torch.ones(4)), ValueError, "C"),
     (lambda: ssm_recurrence(torch.eye(3).expand(2, 3, 3), torch.ones(3), torch.ones(3), torch.ones(3, 4)), ValueError, "Ad"),
     (lambda: ssm_kernel_dplr(Ld, Bd1[:2], Bd1, Cd1, 0.1, 8), ValueError, "P"),
-    (lambda: ssm_kernel_dplr(Ld, Bd1, Bd1, Cd1, -0.1, 8), ValueError, "dt"),
-    (lambda: ssm_kernel_dplr(Ld, Bd1, Bd1, Cd1, 0.0, 8), ValueError, "dt"),
-    (lambda: ssm_kernel_dplr(Ld, Bd1, Bd1, Cd1, 0.1, 0), ValueError, "L"),
-    (lambda: ssm_kernel_dplr(Ld, Bd1, Bd1, Cd1, 0.1, 8, chunk=0), ValueError, "chunk"),
-    (lambda: ssm_kernel_dplr(Ld.expand(3, 4), Bd1, Bd1, Cd1.expand(2, 4), 0.1, 8), ValueError, "Lambda"),
-    (lambda: ssm_kernel_dplr(Ld, Bd1, Bd1, Cd1, torch.full((3,), 0.1), 8, tilde=True).sum() + ssm_kernel_dplr(Ld.expand(2, 4), Bd1, Bd1, Cd1, torch.full((3,), 0.1), 8), ValueError, "dt"),
+    (lambda: ssm_kernel_dplr(Ld, Bd1, Bd1, Cd1, 0.1, 8), ValueError, "P"),  # no rank axis
+    (lambda: ssm_kernel_dplr(Ld, Bd1[None], Bd1, Cd1, -0.1, 8), ValueError, "dt"),
+    (lambda: ssm_kernel_dplr(Ld, Bd1[None], Bd1, Cd1, 0.0, 8), ValueError, "dt"),
+    (lambda: ssm_kernel_dplr(Ld, Bd1[None], Bd1, Cd1, 0.1, 0), ValueError, "L"),
+    (lambda: ssm_kernel_dplr(Ld, Bd1[None], Bd1, Cd1, 0.1, 8, chunk=0), ValueError, "chunk"),
+    (lambda: ssm_kernel_dplr(Ld.expand(3, 4), Bd1[None, None], Bd1, Cd1.expand(2, 4), 0.1, 8), ValueError, "Lambda"),
+    (lambda: ssm_kernel_dplr(Ld, Bd1[None], Bd1, Cd1, torch.full((3,), 0.1), 8, tilde=True).sum() + ssm_kernel_dplr(Ld.expand(2, 4), Bd1[None, None], Bd1, Cd1, torch.full((3,), 0.1), 8), ValueError, "dt"),
     (lambda: cauchy(torch.ones(2, 4), torch.ones(3), torch.ones(4), chunk=0), ValueError, "chunk"),
     (lambda: cauchy(torch.ones(4), torch.ones(3), torch.ones(4)), ValueError, "v"),
     (lambda: dss_kernel(Ld, Bd1, 0.1, 8, kind="relu"), ValueError, "kind"),

@@ -27,7 +27,7 @@ def test_dplr_reconstructs(measure, N):
     A, B = hippo(measure, N)
     Lambda, P, Bt, V = dplr(measure, N)
     assert Lambda.dtype == P.dtype == Bt.dtype == V.dtype == torch.complex128 and Lambda.shape == (N,)
-    P = P if P.ndim == 2 else P[None]
+    assert P.shape == (2 if measure == "legt" else 1, N)  # issue 25 item 13: the rank axis for every measure (was (N,) at rank 1)
     torch.testing.assert_close(V.mH @ V, torch.eye(N, dtype=torch.complex128), atol=1e-10, rtol=0)
     rebuilt = V @ (torch.diag(Lambda) - P.T @ P.conj()) @ V.mH
     assert (rebuilt - A).abs().max() < 1e-8 * max(1.0, A.abs().max().item())
