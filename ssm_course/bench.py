@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.benchmark import Timer
+from .checks import check_positive, check_size
 
 # %% ../nbs/14_benchmarks.ipynb #aed9cf04
 def measure(fns:dict, # name -> callable taking no arguments, its inputs already prepared
@@ -29,6 +30,7 @@ def measure(fns:dict, # name -> callable taking no arguments, its inputs already
             rounds:int=3, # each callable is measured once per round, in turn
            )->dict: # name -> the median seconds of each round
     "Interleaved `torch.utils.benchmark.Timer.blocked_autorange` medians: round after round, every callable in turn."
+    threads, rounds, min_run_time = check_size(threads, "threads"), check_size(rounds, "rounds"), check_positive(min_run_time, "min_run_time")
     times = {k: [] for k in fns}
     for _ in range(rounds):
         for k, f in fns.items():
@@ -400,7 +402,9 @@ def run(quick:bool=False, # tiny shapes and one short round: checks the machiner
         progress:bool=True, # show a progress bar
        )->dict: # the machine, its load and ceilings, and one record per case
     "Check and time every case, without autograd (inference)."
-    rounds, min_run_time = rounds or (1 if quick else 3), min_run_time or (0.01 if quick else 0.3)
+    threads = check_size(threads, "threads")
+    rounds = (1 if quick else 3) if rounds is None else check_size(rounds, "rounds")  # 0 is refused, not read as "the default"
+    min_run_time = (0.01 if quick else 0.3) if min_run_time is None else check_positive(min_run_time, "min_run_time")
     copy = lambda: copy_bandwidth(1 << 20 if quick else 1 << 25, threads, rounds, min(min_run_time, 0.2))
     n = 256 if quick else 1024
     res = {**machine_info(threads), "mode": "quick" if quick else "full", "rounds": rounds, "min_run_time": min_run_time,
@@ -457,10 +461,18 @@ def main(argv:list|None=None, # command-line arguments (default: `sys.argv[1:]`)
     ap.add_argument("--threads", type=int, default=1, help="torch threads for every implementation (default 1: the SciPy and NumPy peers use one)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 1 with --quick, else 3)")
     a = ap.parse_args(argv)
+    try:  # refuse bad options before the run (minutes), naming the option
+        check_size(a.threads, "--threads")
+        if a.rounds is not None: check_size(a.rounds, "--rounds")
+    except (TypeError, ValueError) as e: ap.error(str(e))
+    out = Path(a.out) if a.out else None
+    if out is not None:
+        if out.is_dir(): ap.error(f"--out {a.out} is a directory; give a file name, e.g. {out / 'results.json'}")
+        try: out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e: ap.error(f"--out {a.out}: cannot create its directory {out.parent} ({e.strerror})")
+        if not os.access(out.parent, os.W_OK): ap.error(f"--out {a.out}: the directory {out.parent} is not writable")
     res = run(quick=a.quick, threads=a.threads, rounds=a.rounds)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(res, indent=1))
+    if out is not None: out.write_text(json.dumps(res, indent=1))
     print(f"\n{res['date']}, {res['cpu']}, {res['cores']} cores, {res['threads']} thread(s) per implementation, load average {res['load_avg_before']} "
           f"before, {res['load_avg_after']} after; torch {res['torch']}; copy {res['copy_GBps_start']:.1f} GB/s before the cases, "
           f"{res['copy_GBps_end']:.1f} after; float32 matmul {res['matmul_GFLOPs']:.0f} GFLOP/s\n")

@@ -69,3 +69,31 @@ def test_triton_ms_picks_our_kernels_only():
     assert triton_ms(gpu, "scan fwd", [8, 16, 64]) == 1.0 and triton_ms(gpu, "scan bwd", (8, 16, 64)) == 2.0
     assert triton_ms(gpu, "ssd fwd", [8, 16, 64]) is None and triton_ms(None, "scan fwd", [8, 16, 64]) is None
     assert triton_ms(gpu, "scan fwd", [8, 16, 64], "torch, blocked") == 0.1  # ssm_kernel_diag's PyTorch path, modelled beside the kernel
+
+
+import pytest
+
+
+@pytest.mark.parametrize("args,msg", [(["--threads", "0"], "--threads must be at least 1, got 0"), (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+                                      (["--rounds", "-1"], "--rounds must be at least 1, got -1"), (["--out", "{tmp}"], "--out {tmp} is a directory"),
+                                      (["--out", "{tmp}/file/r.json"], "--out {tmp}/file/r.json: cannot create its directory {tmp}/file")])
+def test_cli_refuses_bad_options_before_running(args, msg, tmp_path, capsys, monkeypatch):
+    "Exit status 2 with argparse's one-line error naming the option, before the run (--rounds 0 ran with the default and exited 0; --out a directory failed after the whole run)."
+    import ssm_course.bench as bench
+    def ran(**kw): raise AssertionError(f"the benchmark ran: {kw}")
+    monkeypatch.setattr(bench, "run", ran)
+    (tmp_path / "file").write_text("")  # a file where --out wants a directory
+    with pytest.raises(SystemExit) as e: bench.main(["--quick"] + [a.replace("{tmp}", str(tmp_path)) for a in args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[0].startswith("usage: ") and f"error: {msg}".replace("{tmp}", str(tmp_path)) in err[-1], err
+
+
+def test_run_and_measure_refuse_zero_rounds_and_threads():
+    "run read rounds=0 as 'the default'; measure returned empty lists for rounds=0 and raised torch's 'set_num_threads expects a positive integer' for threads=0."
+    from ssm_course.bench import run
+    toy = lambda quick: Case("toy", {"ours": lambda: torch.ones(3)}, tol=1e-6)
+    for kw, msg in [(dict(rounds=0), "rounds must be at least 1, got 0"), (dict(rounds=-1), "rounds must be at least 1, got -1"),
+                    (dict(threads=0), "threads must be at least 1, got 0"), (dict(min_run_time=0.0), "min_run_time must be positive")]:
+        with pytest.raises(ValueError, match=msg): measure({"a": lambda: None}, **kw)
+        with pytest.raises(ValueError, match=msg): run(quick=True, cases=[toy], progress=False, **kw)
+    with pytest.raises(TypeError, match="rounds must be an integer"): measure({"a": lambda: None}, rounds=2.0)
