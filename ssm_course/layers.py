@@ -8,7 +8,7 @@ Docs: https://ssm-course.github.io/ssm_course/layers.html.md"""
 __all__ = ['LAYERS', 'S4D', 'dplr_bilinear_step', 'S4', 'DSS', 'LRU', 'Mamba', 'ssm_param_groups', 'SequenceModel', 'rope', 'CausalAttention', 'mimetic_init_']
 
 # %% ../nbs/12_layers.ipynb #b7d8eb4a
-import contextlib, math
+import contextlib, math, numbers
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
@@ -30,20 +30,26 @@ def _c(p): return torch.view_as_complex(_f32(p))  # complex view of a (..., 2) r
 def _cparam(z): return nn.Parameter(torch.view_as_real(z.to(torch.complex64)).clone())
 
 # %% ../nbs/12_layers.ipynb #43c74f12
-def _check_x(x, H, name="x", ndim=3):
-    "Check a layer input: a real floating-point tensor (batch, length, H), or (batch, H) for a step."
+def _check_device(t, name, device):
+    "Check that tensor `t` is on `device`, the device of the layer's parameters (None: not checked)."
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on device {t.device} but the layer's parameters are on {device}: move it with .to({str(device)!r}), or the layer with .to({str(t.device)!r})")
+    return t
+
+def _check_x(x, H, name="x", ndim=3, device=None):
+    "Check a layer input: a real floating-point tensor (batch, length, H), or (batch, H) for a step, on the parameters' `device`."
     check_tensor(x, name, ndim=ndim)
     if not x.is_floating_point(): raise TypeError(f"{name} must be a real floating-point tensor, got {x.dtype}")
     if x.shape[-1] != H: raise ValueError(f"{name} must have shape ({'batch, length' if ndim == 3 else 'batch'}, d_model={H}), got {tuple(x.shape)}")
     if ndim == 3 and x.shape[1] == 0: raise ValueError(f"{name} is an empty sequence: shape {tuple(x.shape)}")
-    return x
+    return _check_device(x, name, device)
 
-def _check_state(state, shape, name="state"):
-    "Check a carried state against the shape that `initial_state(batch)` gives."
+def _check_state(state, shape, name="state", device=None):
+    "Check a carried state against the shape that `initial_state(batch)` gives, on the parameters' `device`."
     check_tensor(state, name)
     if tuple(state.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} (as initial_state(batch) gives for this input), got {tuple(state.shape)}")
-    return state
+    return _check_device(state, name, device)
 
 def _working(x, p):
     "`x` in the dtype the layer computes in: float32, or float64 when the input or the parameter `p` is float64."
@@ -65,9 +71,15 @@ def _check_dplr_step(Lambda, P, B, dt, x, u):
     Lambda, P, B, x = (t.to(ctype) for t in (Lambda, P, B, x))
     return Lambda, P, B, _check_dt(dt, Lambda, batch), x, u.to(Lambda.real.dtype)
 
+def _check_real(value, name):
+    "Check that a constructor argument is a real number (Python or NumPy, not `bool`); return it as `float`."
+    if isinstance(value, bool) or not isinstance(value, numbers.Real): raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
+    return float(value)
+
 def _check_dt_range(dt_min, dt_max):
-    "Check the initial step range: $0 < \\Delta_{\\min} \\le \\Delta_{\\max}$."
-    check_positive(dt_min, "dt_min"); check_positive(dt_max, "dt_max")
+    "Check the initial step range: finite, $0 < \\Delta_{\\min} \\le \\Delta_{\\max}$."
+    for value, name in ((dt_min, "dt_min"), (dt_max, "dt_max")):
+        if not (math.isfinite(_check_real(value, name)) and value > 0): raise ValueError(f"{name} must be positive and finite, got {value}")
     if dt_min > dt_max: raise ValueError(f"need dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
 
 def _check_d_state(d_state, init):
@@ -123,8 +135,8 @@ class S4D(nn.Module):
                 return_state:bool=False, # also return the final state
                ):
         "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
-        u = _working(_check_x(x, self.d_model), self.D).transpose(1, 2)  # (b, H, L)
-        if state is not None: _check_state(state, (x.shape[0], *self.im.shape))
+        u = _working(_check_x(x, self.d_model, device=self.D.device), self.D).transpose(1, 2)  # (b, H, L)
+        if state is not None: _check_state(state, (x.shape[0], *self.im.shape), device=self.D.device)
         with _no_autocast(x):
             L = u.shape[-1]
             dA, dB = self.discrete()
@@ -141,8 +153,8 @@ class S4D(nn.Module):
              state:Tensor, # (batch, H, N/2)
             ): # (y_t (batch, H), the new state)
         "One step of the recurrence."
-        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2), self.D)
-        _check_state(state, (x_t.shape[0], *self.im.shape))
+        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2, device=self.D.device), self.D)
+        _check_state(state, (x_t.shape[0], *self.im.shape), device=self.D.device)
         with _no_autocast(x_t):
             dA, dB = self.discrete()
             state = dA * state + dB * u[..., None]
@@ -225,8 +237,8 @@ class S4(nn.Module):
                 return_state:bool=False, # also return the final state
                ):
         "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
-        u = _working(_check_x(x, self.d_model), self.D).transpose(1, 2)  # (b, H, L)
-        if state is not None: _check_state(state, (x.shape[0], *self.im.shape))
+        u = _working(_check_x(x, self.d_model, device=self.D.device), self.D).transpose(1, 2)  # (b, H, L)
+        if state is not None: _check_state(state, (x.shape[0], *self.im.shape), device=self.D.device)
         with _no_autocast(x):
             L = u.shape[-1]
             y = causal_conv(u, self.kernel(L)) + _f32(self.D)[:, None] * u
@@ -246,8 +258,8 @@ class S4(nn.Module):
              state:Tensor, # (batch, H, N)
             ): # (y_t (batch, H), the new state)
         "One step of the recurrence in $O(Nr)$ per channel (`dplr_bilinear_step`), without forming $\\bar A$."
-        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2), self.D)
-        _check_state(state, (x_t.shape[0], *self.im.shape))
+        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2, device=self.D.device), self.D)
+        _check_state(state, (x_t.shape[0], *self.im.shape), device=self.D.device)
         with _no_autocast(x_t):
             Lambda, P, B, C, dt = self.params()
             state = _dplr_step(Lambda, P if P.dim() == 3 else P[:, None], B, dt, state, u)  # (batch, H, N)
@@ -255,7 +267,7 @@ class S4(nn.Module):
 
 # %% ../nbs/12_layers.ipynb #d800e553
 class DSS(nn.Module):
-    "Diagonal State Space (DSS-exp): the kernel $K_l = \\mathrm{Re}\\sum_n W_n e^{\\lambda_n l \\Delta}$."
+    "Diagonal State Space (DSS-exp): the kernel $K_l = \\mathrm{Re}\\sum_n W_n \\frac{e^{\\lambda_n\\Delta} - 1}{\\lambda_n} e^{\\lambda_n l \\Delta}$."
     ssm_params = ("log_neg_re", "im", "log_dt")
     def __init__(self,
                  d_model:int, # channels H
@@ -269,21 +281,21 @@ class DSS(nn.Module):
         Lambda = dss_init(d_state, torch.complex128)
         self.log_neg_re = nn.Parameter(torch.log(-Lambda.real).float().repeat(H, 1))
         self.im = nn.Parameter(Lambda.imag.float().repeat(H, 1))
-        self.W = _cparam(torch.randn(H, len(Lambda), dtype=torch.complex128) * (0.5 / len(Lambda)) ** 0.5)
+        self.W = _cparam(torch.complex(torch.randn(H, len(Lambda), dtype=torch.float64), torch.randn(H, len(Lambda), dtype=torch.float64)))
         self.D = nn.Parameter(torch.randn(H))
         self.log_dt = nn.Parameter(torch.log(log_uniform_dt((H,), dt_min, dt_max, dtype=torch.float64)).float())
 
-    def dA(self)->Tensor:
-        "$\\bar A = e^{\\lambda\\Delta}$, (H, N/2)."
+    def discrete(self):
+        "$(\\bar A, \\bar B)$, each (H, N/2): ZOH with $B = 1$, so $\\bar B = (e^{\\lambda\\Delta} - 1)/\\lambda$."
         Lambda = torch.complex(-torch.exp(_f32(self.log_neg_re)), _f32(self.im))
-        return torch.exp(Lambda * torch.exp(_f32(self.log_dt))[:, None])
+        return discretize_diag(Lambda, torch.ones_like(Lambda), torch.exp(_f32(self.log_dt)), "zoh")
 
     def kernel(self,
                L:int, # kernel length
               )->Tensor: # (H, L)
         "The real convolution kernel."
-        dA = self.dA()
-        return ssm_kernel_diag(dA, torch.ones_like(dA), _c(self.W), check_size(L, "L")).real
+        dA, dB = self.discrete()
+        return ssm_kernel_diag(dA, dB, _c(self.W), check_size(L, "L")).real
 
     def initial_state(self,
                       batch:int, # batch size
@@ -297,16 +309,16 @@ class DSS(nn.Module):
                 return_state:bool=False, # also return the final state
                ):
         "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
-        u = _working(_check_x(x, self.d_model), self.D).transpose(1, 2)  # (b, H, L)
-        if state is not None: _check_state(state, (x.shape[0], *self.im.shape))
+        u = _working(_check_x(x, self.d_model, device=self.D.device), self.D).transpose(1, 2)  # (b, H, L)
+        if state is not None: _check_state(state, (x.shape[0], *self.im.shape), device=self.D.device)
         with _no_autocast(x):
             L = u.shape[-1]
-            dA, W = self.dA(), _c(self.W)
-            y = causal_conv(u, ssm_kernel_diag(dA, torch.ones_like(dA), W, L).real) + _f32(self.D)[:, None] * u
-            if state is not None: y = y + ssm_kernel_diag(dA, dA * state, W, L).real
+            (dA, dB), W = self.discrete(), _c(self.W)
+            y = causal_conv(u, ssm_kernel_diag(dA, dB, W, L).real) + _f32(self.D)[:, None] * u
+            if state is not None: y = y + ssm_kernel_diag(dA, dA * state, W, L).real  # free response of the state
             y = y.transpose(1, 2).to(x.dtype)
             if not return_state: return y
-            _, last = scan(dA[..., None], u[:, :, None, :].to(dA.dtype), state, return_last=True)
+            _, last = scan(dA[..., None], dB[..., None] * u[:, :, None, :].to(dB.dtype), state, return_last=True)  # (b, H, N/2)
         return y, last
 
     def step(self,
@@ -314,10 +326,11 @@ class DSS(nn.Module):
              state:Tensor, # (batch, H, N/2)
             ): # (y_t (batch, H), the new state)
         "One step of the recurrence."
-        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2), self.D)
-        _check_state(state, (x_t.shape[0], *self.im.shape))
+        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2, device=self.D.device), self.D)
+        _check_state(state, (x_t.shape[0], *self.im.shape), device=self.D.device)
         with _no_autocast(x_t):
-            state = self.dA() * state + u[..., None]
+            dA, dB = self.discrete()
+            state = dA * state + dB * u[..., None]
             return ((_c(self.W) * state).sum(-1).real + _f32(self.D) * u).to(x_t.dtype), state
 
 # %% ../nbs/12_layers.ipynb #d2fb77ae
@@ -334,10 +347,11 @@ class LRU(nn.Module):
         super().__init__()
         H = self.d_model = check_size(d_model, "d_model")
         N = H if d_state is None else check_size(d_state, "d_state")
-        if not 0 <= r_min <= r_max < 1: raise ValueError(f"need 0 <= r_min <= r_max < 1 (eigenvalues inside the unit circle), got r_min={r_min}, r_max={r_max}")
-        if not 0 < max_phase <= 2 * math.pi: raise ValueError(f"max_phase must be in (0, 2 pi], got {max_phase}")
+        if not 0 <= _check_real(r_min, "r_min") <= _check_real(r_max, "r_max") < 1: raise ValueError(f"need 0 <= r_min <= r_max < 1 (eigenvalues inside the unit circle), got r_min={r_min}, r_max={r_max}")
+        if not 0 < _check_real(max_phase, "max_phase") <= 2 * math.pi: raise ValueError(f"max_phase must be in (0, 2 pi], got {max_phase}")
         u1, u2 = torch.rand(N, dtype=torch.float64), torch.rand(N, dtype=torch.float64)
-        self.nu_log = nn.Parameter(torch.log(-0.5 * torch.log(u1 * (r_max ** 2 - r_min ** 2) + r_min ** 2)).float())
+        r2 = (u1 * (r_max ** 2 - r_min ** 2) + r_min ** 2).clamp(min=torch.finfo(torch.float32).tiny)  # |lambda|^2; a radius 0 becomes 1e-19: nu stays finite
+        self.nu_log = nn.Parameter(torch.log(-0.5 * torch.log(r2)).float())
         self.theta_log = nn.Parameter(torch.log(max_phase * u2.clamp(min=1e-6)).float())
         lam_abs = torch.exp(-torch.exp(self.nu_log.double()))
         self.gamma_log = nn.Parameter(torch.log(torch.sqrt(1 - lam_abs ** 2)).float())
@@ -361,8 +375,8 @@ class LRU(nn.Module):
                 return_state:bool=False, # also return the final state
                ):
         "The whole sequence, by the time-invariant scan."
-        u = _working(_check_x(x, self.d_model), self.D)
-        if state is not None: _check_state(state, (x.shape[0], self.nu_log.shape[0]))
+        u = _working(_check_x(x, self.d_model, device=self.D.device), self.D)
+        if state is not None: _check_state(state, (x.shape[0], self.nu_log.shape[0]), device=self.D.device)
         with _no_autocast(x):
             B = _c(self.B)
             Bu = torch.einsum("nh,blh->bnl", B, u.to(B.dtype)) * torch.exp(_f32(self.gamma_log))[:, None]  # (b, N, L)
@@ -375,8 +389,8 @@ class LRU(nn.Module):
              state:Tensor, # (batch, N)
             ): # (y_t (batch, H), the new state)
         "One step of the recurrence."
-        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2), self.D)
-        _check_state(state, (x_t.shape[0], self.nu_log.shape[0]))
+        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2, device=self.D.device), self.D)
+        _check_state(state, (x_t.shape[0], self.nu_log.shape[0]), device=self.D.device)
         with _no_autocast(x_t):
             B = _c(self.B)
             state = self.eigenvalues() * state + torch.exp(_f32(self.gamma_log)) * (u.to(B.dtype) @ B.T)
@@ -431,8 +445,8 @@ class Mamba(nn.Module):
         "The pair (convolution state, SSM state), each of the shape `initial_state(batch)` gives."
         if not (isinstance(state, (tuple, list)) and len(state) == 2):
             raise TypeError(f"state must be the pair (conv_state, ssm_state) that initial_state(batch) gives, got {type(state).__name__}")
-        return (_check_state(state[0], (batch, self.d_inner, self.d_conv - 1), "state[0] (the convolution state)"),
-                _check_state(state[1], (batch, self.d_inner, self.d_state), "state[1] (the SSM state)"))
+        return (_check_state(state[0], (batch, self.d_inner, self.d_conv - 1), "state[0] (the convolution state)", self.D.device),
+                _check_state(state[1], (batch, self.d_inner, self.d_state), "state[1] (the SSM state)", self.D.device))
 
     def _ssm_inputs(self, xc):
         "$\\Delta$ (before its bias), $B$ and $C$ from the convolved branch xc (b, L, d), in float32 (or float64)."
@@ -448,7 +462,7 @@ class Mamba(nn.Module):
                 return_state:bool=False, # also return the final state
                ):
         "The whole sequence: projections, causal convolution, selective scan, gate, projection."
-        _check_x(x, self.d_model)
+        _check_x(x, self.d_model, device=self.D.device)
         b, L = x.shape[:2]
         conv_state, ssm_state = self._check_state(state, b) if state is not None else (None, None)
         xi, z = self.in_proj(x.to(self.in_proj.weight.dtype)).chunk(2, -1)
@@ -467,7 +481,7 @@ class Mamba(nn.Module):
              state:tuple, # the pair (convolution state, SSM state)
             ): # (y_t (batch, H), the new state)
         "One step: the convolution over the stored inputs, one step of the selective recurrence."
-        _check_x(x_t, self.d_model, "x_t", ndim=2)
+        _check_x(x_t, self.d_model, "x_t", ndim=2, device=self.D.device)
         conv_state, ssm_state = self._check_state(state, x_t.shape[0])
         xi, z = self.in_proj(x_t.to(self.in_proj.weight.dtype)).chunk(2, -1)  # (b, d)
         window = torch.cat([conv_state.to(xi.dtype), xi[..., None]], -1)  # (b, d, d_conv)
@@ -543,7 +557,8 @@ class SequenceModel(nn.Module):
         return h + self.drop(F.glu(self.mlps[i](self.drop(F.gelu(y))), -1))
 
     def _check_input(self, x, name, ndim):
-        "Token ids in [0, vocab_size), or real inputs with d_input features."
+        "Token ids in [0, vocab_size), or real inputs with d_input features, on the model's device."
+        _check_device(check_tensor(x, name), name, self.head.weight.device)
         if self.vocab_size is not None:
             check_tensor(x, name, ndim=ndim - 1)
             if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
@@ -581,6 +596,8 @@ class SequenceModel(nn.Module):
         if self.pool is not None: raise ValueError(f"step needs a per-step model (pool=None), this one has pool={self.pool!r}")
         if not all(hasattr(layer, "step") for layer in self.layers): raise TypeError(f"{type(self.layers[0]).__name__} has no step(): only recurrent layers can run step by step")
         self._check_input(x_t, "x_t", 2)
+        if not isinstance(states, (list, tuple)): raise TypeError(f"states must be a list with one state per layer (as initial_state(batch) gives), got {type(states).__name__}")
+        if len(states) != len(self.layers): raise ValueError(f"states must hold one state per layer: got {len(states)}, expected {len(self.layers)} (n_layers)")
         h, new = self.encoder(x_t), []
         for i, (norm, layer, s) in enumerate(zip(self.norms, self.layers, states)):
             y, s = layer.step(norm(h), s)
@@ -592,14 +609,24 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
-from .checks import check_positive, check_size
+from .checks import check_positive, check_size, check_tensor, full_precision
+
+# %% ../nbs/13c_recall.ipynb #4e1b7c3a
+def _check_rope(x, base):
+    "Check `rope`'s inputs: a real floating-point `x` (..., L, d_h) with d_h even, a positive finite `base`."
+    check_tensor(x, "x", min_ndim=2)
+    if not x.is_floating_point(): raise TypeError(f"x must be a real floating-point tensor, got {x.dtype}")
+    if x.shape[-1] % 2: raise ValueError(f"x's last axis is the head dimension d_h, which must be even (rope turns features i and i + d_h/2 together), got d_h = {x.shape[-1]} in shape {tuple(x.shape)}")
+    if not (math.isfinite(_check_real(base, "base")) and base > 0): raise ValueError(f"base must be positive and finite, got {base}")
 
 # %% ../nbs/13c_recall.ipynb #379e86ff
+@full_precision
 def rope(
     x:Tensor, # queries or keys, (..., L, d_h) with d_h even
     base:float=10000.0, # $\theta_i = \mathrm{base}^{-2i/d_h}$
 )->Tensor: # the same shape, feature $i$ and $i + d_h/2$ rotated by the angle $t\,\theta_i$ at position $t$
     "Rotary position embedding (RoPE, Su et al. 2021)."
+    _check_rope(x, base)
     half, work = x.shape[-1] // 2, torch.float64 if x.dtype == torch.float64 else torch.float32
     theta = base ** (-torch.arange(half, dtype=work, device=x.device) / half)  # (d_h/2,)
     angle = torch.arange(x.shape[-2], dtype=work, device=x.device)[:, None] * theta  # (L, d_h/2)
@@ -631,7 +658,7 @@ class CausalAttention(nn.Module):
                 x:Tensor, # (batch, length, H)
                )->Tensor: # (batch, length, H)
         "Every step attends to itself and to all earlier steps."
-        _check_x(x, self.d_model)
+        _check_x(x, self.d_model, device=self.qkv.weight.device)
         b, L, H = x.shape
         if self.positions == "learned" and L > self.max_len:
             raise ValueError(f"x has length {L}, longer than the learned position table (max_len={self.max_len})")

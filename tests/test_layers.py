@@ -3,6 +3,7 @@ import copy, math, pickle, pytest, torch
 from ssm_course.layers import LAYERS, SequenceModel, ssm_param_groups, S4D, S4, LRU, Mamba, dplr_bilinear_step
 from ssm_course.discretize import discretize
 from ssm_course.hippo import dplr
+from conftest import rel as _rel
 
 SMALL = {"s4d": dict(d_state=8), "s4": dict(d_state=8), "dss": dict(d_state=8), "lru": dict(d_state=10), "mamba": dict(d_state=4)}
 # every layer, plus Mamba with complex states (init="lin") and with the shortest convolutions
@@ -179,9 +180,6 @@ def test_torch_compile_two_lengths_without_graph_breaks(name):
     _compile_two_lengths(LAYERS[name](6, **COMPILE[name]))
 
 
-from conftest import rel as _rel
-
-
 @pytest.mark.parametrize("measure", ["legs", "legt", "lagt", "fout"])
 def test_s4_step_is_the_dense_bilinear_step(measure):
     "S4.step (O(Nr), Woodbury) equals the step with the dense bilinear (Ad, Bd) in float64 at odd N, where LegT, LagT and FouT have an eigenvalue 0 "
@@ -274,3 +272,115 @@ BAD = [
 def test_bad_input(call, exc, msg):
     with pytest.raises(exc, match=msg):
         call()
+
+
+# ---- issue 25 ----------------------------------------------------------------------------------------------------------
+from ssm_course.layers import DSS
+from ssm_course.conv import dss_kernel
+
+
+def test_dss_layer_computes_dss_exp():
+    "DSS's kernel, Re sum_n W_n (e^{lambda dt} - 1)/lambda e^{lambda l dt}, for every channel: against notebook 06's dss_kernel and "
+    "against the float64 sum written out (it used B-bar = 1: about 1/dt too large, 86.6 / 116.7 / 18.3 times at dt = 0.0119 / 0.0086 / 0.0533)."
+    torch.manual_seed(5)
+    layer = DSS(6, d_state=16).double()
+    with torch.no_grad(): layer.log_dt.copy_(torch.log(torch.tensor([1e-3, 0.0086, 0.0119, 0.0533, 0.1, 0.5], dtype=torch.float64)))
+    L = 300
+    with torch.no_grad(): K = layer.kernel(L)
+    Lambda = torch.complex(-torch.exp(layer.log_neg_re), layer.im).detach()
+    W, dt = torch.view_as_complex(layer.W).detach(), torch.exp(layer.log_dt).detach()
+    l = torch.arange(L, dtype=torch.float64)
+    for h in range(6):
+        ref = dss_kernel(Lambda[h], W[h], dt[h].item(), L, kind="exp")
+        z = Lambda[h] * dt[h]
+        direct = (W[h, :, None] * torch.expm1(z)[:, None] / Lambda[h, :, None] * torch.exp(z[:, None] * l)).sum(0).real
+        assert _rel(K[h], ref) < 1e-13 and _rel(K[h], direct) < 1e-13, h  # observed up to 8.2e-15 (dt = 0.0086)
+    x = torch.randn(2, L, 6, dtype=torch.float64)
+    with torch.no_grad():
+        y = layer(x)
+        conv = torch.stack([torch.stack([(K[h, :t + 1].flip(0) * x[b, :t + 1, h]).sum() for t in range(L)]) for h in range(6) for b in range(2)])
+    assert _rel(y - layer.D.detach() * x, conv.view(6, 2, L).permute(1, 2, 0)) < 1e-12  # forward is that convolution (plus D u)
+
+
+def test_layers_refuse_bad_step_ranges_at_the_constructor():
+    "dt_min/dt_max infinite or NaN (S4D(dt_max=inf) was accepted, then failed on the first forward naming an internal dt)."
+    for cls in (S4D, S4, DSS, Mamba):
+        for kw, msg in [(dict(dt_max=math.inf), "dt_max must be positive and finite"), (dict(dt_min=math.nan), "dt_min must be positive and finite"),
+                        (dict(dt_min=math.inf, dt_max=math.inf), "dt_min must be positive and finite"), (dict(dt_max="0.1"), "dt_max must be a real number")]:
+            with pytest.raises((ValueError, TypeError), match=msg): cls(4, **kw)
+
+
+def test_lru_with_zero_radius_is_memoryless():
+    "LRU(r_min=r_max=0) gave nu_log = inf; now every |lambda| is the smallest float32 radius (about 1e-19): finite parameters, outputs "
+    "equal to the memoryless y_t = Re(C gamma B u_t) + D u_t, finite gradients. r_min = 0 with r_max > 0 (the LRU paper's ListOps setting) too."
+    torch.manual_seed(6)
+    layer = LRU(4, d_state=6, r_min=0.0, r_max=0.0)
+    assert all(torch.isfinite(p).all() for p in layer.parameters())
+    assert layer.eigenvalues().abs().max() < 1e-18
+    x = torch.randn(2, 9, 4)
+    y = layer(x)
+    B, C = torch.view_as_complex(layer.B), torch.view_as_complex(layer.C)
+    ref = ((x.to(B.dtype) @ B.T) * torch.exp(layer.gamma_log) @ C.T).real + layer.D * x
+    assert _rel(y, ref) < 1e-6
+    y.square().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
+    torch.manual_seed(7)
+    with torch.no_grad(): layer.nu_log.copy_(LRU(4, d_state=6, r_min=0.0, r_max=0.5).nu_log)
+    assert torch.isfinite(layer.nu_log).all()
+
+
+def test_sequence_model_step_needs_one_state_per_layer():
+    "Fewer (or more) states than layers used to run silently with what it got and return fewer states."
+    m = SequenceModel(3, d_model=8, n_layers=3, layer="s4d", vocab_size=5, pool=None, d_state=4)
+    x_t, states = torch.randint(0, 5, (2,)), m.initial_state(2)
+    for bad in (states[:2], states + states[:1], []):
+        with pytest.raises(ValueError, match=rf"states must hold one state per layer: got {len(bad)}, expected 3"): m.step(x_t, bad)
+    for bad in (states[0], tuple(states) + (None,), None, iter(states)):
+        with pytest.raises((TypeError, ValueError), match="states"): m.step(x_t, bad)
+    logits, new = m.step(x_t, tuple(states))  # a tuple of states is fine
+    assert logits.shape == (2, 3) and len(new) == 3
+
+
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_mixed_devices_are_refused_by_name(config):
+    "x, state and the parameters on different devices: a ValueError naming the argument and both devices (was a custom op's "
+    "'Tensor on device meta is not on the expected device cpu')."
+    layer = build(config)
+    x, state = torch.randn(2, 6, 5), layer.initial_state(2)
+    meta_state = (state[0], state[1].to("meta")) if isinstance(state, tuple) else state.to("meta")
+    name = r"state\[1\]" if isinstance(state, tuple) else "state"
+    calls = [(lambda: layer(x.to("meta")), "x is on device meta"), (lambda: layer(x, state=meta_state), name),
+             (lambda: layer.step(x[:, 0].to("meta"), state), "x_t is on device meta"), (lambda: layer.step(x[:, 0], meta_state), name)]
+    if isinstance(state, tuple): calls.append((lambda: layer.step(x[:, 0], (state[0].to("meta"), state[1])), r"state\[0\]"))
+    for call, msg in calls:
+        with pytest.raises(ValueError, match=msg) as e: call()
+        assert "device meta" in str(e.value) and "cpu" in str(e.value)
+    m = SequenceModel(3, d_model=5, n_layers=1, layer=CONFIGS[config][0], vocab_size=7, **CONFIGS[config][1])
+    with pytest.raises(ValueError, match="x is on device meta"): m(torch.randint(0, 7, (2, 6)).to("meta"))
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_layers_ignore_the_callers_autocast(config):
+    "Under bf16 autocast the SSM layers give exactly what they give without it (forward and step); Mamba's projections run in "
+    "bfloat16 by design (its scan in float32), so it matches to bfloat16 rounding (observed 4e-3)."
+    torch.manual_seed(8)
+    layer = build(config, H=6)
+    x = torch.randn(2, 13, 6)
+    with torch.no_grad():
+        y, (y_t, _) = layer(x), layer.step(x[:, 0], layer.initial_state(2))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ya, (ya_t, _) = layer(x), layer.step(x[:, 0], layer.initial_state(2))
+    assert ya.dtype == ya_t.dtype == torch.float32
+    if config.startswith("mamba"): assert _rel(ya, y) < 2e-2 and _rel(ya_t, y_t) < 2e-2
+    else: assert torch.equal(ya, y) and torch.equal(ya_t, y_t), config
+
+
+def test_dplr_bilinear_step_under_autocast():
+    Lambda, P, B, _ = dplr("legt", 6)
+    c64 = [t.to(torch.complex64) for t in (Lambda, P, B)]
+    x, u = torch.randn(3, 6, dtype=torch.complex64), torch.randn(3)
+    ref = dplr_bilinear_step(*c64, 0.1, x, u)
+    with torch.autocast("cpu", dtype=torch.bfloat16): got = dplr_bilinear_step(*c64, 0.1, x, u)
+    assert torch.equal(got, ref)

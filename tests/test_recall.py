@@ -192,3 +192,36 @@ def test_multi_query_recall_contract(kw):
 def test_multi_query_recall_bad_input(kw, exc, match):
     from ssm_course.tasks import multi_query_recall
     with pytest.raises(exc, match=match): multi_query_recall(3, **kw)
+
+
+# ---- issue 25 ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: rope(torch.randn(2, 5, 7)), ValueError, r"head dimension d_h, which must be even .* got d_h = 7"),  # returned a (2, 5, 8) tensor
+    (lambda: rope(torch.randn(5)), ValueError, "x must have at least 2 dimension"),
+    (lambda: rope(torch.randint(0, 3, (5, 4))), TypeError, "x must be a real floating-point"),
+    (lambda: rope(torch.randn(5, 4), base=0.0), ValueError, "base must be positive and finite"),
+    (lambda: rope(torch.randn(5, 4), base=math.inf), ValueError, "base must be positive and finite"),
+    (lambda: rope(torch.randn(5, 4), base="1e4"), TypeError, "base must be a real number"),
+])
+def test_rope_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match): call()
+
+
+def test_rope_and_attention_ignore_the_callers_autocast():
+    "rope computes in its input's precision whatever the autocast (bit-identical); CausalAttention as documented: projections "
+    "in bfloat16 under autocast, attention in float32, float32 out (within bfloat16 rounding of the float32 run, observed 5e-3)."
+    torch.manual_seed(9)
+    x = torch.randn(2, 3, 17, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16): got = rope(x)
+    assert got.dtype == torch.float32 and torch.equal(got, rope(x))
+    layer = CausalAttention(16, n_heads=4, positions="rope")
+    x = torch.randn(2, 11, 16)
+    with torch.no_grad():
+        ref = layer(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16): y = layer(x)
+    assert y.dtype == torch.float32 and (y - ref).abs().max() < 2e-2 * ref.abs().max()
+
+
+def test_attention_refuses_mixed_devices_by_name():
+    with pytest.raises(ValueError, match="x is on device meta but the layer's parameters are on cpu"):
+        CausalAttention(8, n_heads=2)(torch.randn(2, 5, 8, device="meta"))
