@@ -12,7 +12,7 @@ import contextlib, math, numbers
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
-from .checks import check_tensor, check_choice, check_size, check_positive, values_hidden, check_last_dim, broadcast_batch, compute_dtype
+from .checks import check_tensor, check_choice, check_size, check_positive, values_hidden, check_last_dim, broadcast_batch, compute_dtype, full_precision
 from .discretize import discretize, discretize_diag, _check_dt
 from .hippo import dplr
 from .inits import S4D_INITS, s4d_init, dss_init, log_uniform_dt
@@ -61,11 +61,13 @@ def _no_autocast(x):
     return torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else contextlib.nullcontext()
 
 def _check_dplr_step(Lambda, P, B, dt, x, u):
-    "Check `dplr_bilinear_step`'s inputs; return them in one complex precision (half raised to float32), `P` as (..., r, N), `dt` and `u` real."
+    "Check `dplr_bilinear_step`'s inputs; return them in one complex precision (half raised to float32), `dt` and `u` real."
     N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
     for t, name in ((P, "P"), (B, "B"), (x, "x")): check_last_dim(t, name, N)
     if check_tensor(u, "u").is_complex(): raise TypeError(f"u must be real (one input per channel), got {u.dtype}")
-    P = P[..., None, :] if P.ndim <= Lambda.ndim else P  # (..., r, N), as in ssm_kernel_dplr
+    if P.ndim <= Lambda.ndim:  # the rank axis is never guessed from sizes: P's last two axes are always (r, N), as in ssm_kernel_dplr
+        raise ValueError(f"P must have shape (..., r, N), with its rank axis r: at least one dimension more than Lambda {tuple(Lambda.shape)}, "
+                         f"got P of shape {tuple(P.shape)}; for rank 1 write P[..., None, :], for one rank-r factor shared by the channels P[None]")
     batch = broadcast_batch(Lambda=Lambda.shape[:-1], P=P.shape[:-2], B=B.shape[:-1], x=x.shape[:-1], u=u.shape)
     ctype = torch.promote_types(compute_dtype(Lambda, P, B, x, u), torch.complex64)
     Lambda, P, B, x = (t.to(ctype) for t in (Lambda, P, B, x))
@@ -172,9 +174,10 @@ def _dplr_step(Lambda, P, B, dt, x, u):
     v = (g + Lambda) * x - _low_rank(P, P.conj(), x) + 2 * B * u[..., None]  # (gI + A) x_{k-1} + 2 B u_k
     return R * (v - _low_rank(P, W, v))                       # (gI - A)^{-1} v, by Woodbury
 
+@full_precision
 def dplr_bilinear_step(
     Lambda:Tensor, # diagonal part $\Lambda$, (..., N), complex
-    P:Tensor, # low-rank factor: (..., N) for rank 1, or (..., r, N); $A = \mathrm{diag}(\Lambda) - \sum_i P_i P_i^\ast$ (P with more dimensions than `Lambda` is read as (..., r, N))
+    P:Tensor, # low-rank factor with its rank axis, (..., r, N), so `P.ndim > Lambda.ndim` (rank 1: `P[..., None, :]`); $A = \mathrm{diag}(\Lambda) - \sum_i P_i P_i^\ast$
     B:Tensor, # input vector, (..., N)
     dt:Tensor|float, # step $\Delta > 0$, scalar or broadcastable to the batch dims
     x:Tensor, # the state $x_{k-1}$, (..., N)
@@ -200,7 +203,7 @@ class S4(nn.Module):
         Lambda, P, B, V = dplr(measure, d_state)
         self.log_neg_re = nn.Parameter(torch.log((-Lambda.real).clamp(min=1e-4)).float().repeat(H, 1))  # LegT's Re = 0: a tiny damping
         self.im = nn.Parameter(Lambda.imag.float().repeat(H, 1))
-        self.P = _cparam(P.expand(H, *P.shape))
+        self.P = _cparam(P.expand(H, *P.shape))  # (H, r, N)
         self.B = _cparam(B.repeat(H, 1))
         self.C = _cparam(torch.randn(H, d_state, dtype=torch.complex128) * 0.5 ** 0.5)
         self.D = nn.Parameter(torch.randn(H))
@@ -214,8 +217,7 @@ class S4(nn.Module):
     def discrete(self):
         "Dense bilinear $(\\bar A$ (H, N, N), $\\bar B$ (H, N)), for `forward` with a carried or returned state; `step` does not form them."
         Lambda, P, B, _, dt = self.params()
-        Pm = P if P.dim() == 3 else P[:, None]  # (H, r, N)
-        A = torch.diag_embed(Lambda) - Pm.mT @ Pm.conj()
+        A = torch.diag_embed(Lambda) - P.mT @ P.conj()  # P (H, r, N)
         return discretize(A, B, dt, "bilinear")
 
     def kernel(self,
@@ -262,7 +264,7 @@ class S4(nn.Module):
         _check_state(state, (x_t.shape[0], *self.im.shape), device=self.D.device)
         with _no_autocast(x_t):
             Lambda, P, B, C, dt = self.params()
-            state = _dplr_step(Lambda, P if P.dim() == 3 else P[:, None], B, dt, state, u)  # (batch, H, N)
+            state = _dplr_step(Lambda, P, B, dt, state, u)  # (batch, H, N)
             return ((C * state).sum(-1).real + _f32(self.D) * u).to(x_t.dtype), state
 
 # %% ../nbs/12_layers.ipynb #d800e553

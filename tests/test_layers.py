@@ -209,7 +209,7 @@ def test_s4_step_is_the_dense_bilinear_step(measure):
 
 
 def test_dplr_bilinear_step_gradients_and_precision():
-    "gradcheck in float64 (rank 2, LegT); a rank-1 P given as (..., N) and a Python float dt; half-precision u computed in complex64."
+    "gradcheck in float64 (rank 2, LegT); a Python float dt; half-precision u computed in complex64."
     torch.manual_seed(4)
     Lambda, P, B, _ = dplr("legt", 5)
     args = (Lambda, P, B, torch.tensor([0.1, 0.5], dtype=torch.float64),
@@ -218,7 +218,7 @@ def test_dplr_bilinear_step_gradients_and_precision():
     assert torch.autograd.gradcheck(dplr_bilinear_step, args)
     Lambda, P, B, _ = dplr("legs", 6)
     x, u = torch.randn(2, 6, dtype=torch.complex128), torch.randn(2, dtype=torch.float64)
-    torch.testing.assert_close(dplr_bilinear_step(Lambda, P, B, 0.05, x, u), dplr_bilinear_step(Lambda, P[None], B, torch.tensor(0.05, dtype=torch.float64), x, u), rtol=0, atol=0)
+    torch.testing.assert_close(dplr_bilinear_step(Lambda, P, B, 0.05, x, u), dplr_bilinear_step(Lambda, P, B, torch.tensor(0.05, dtype=torch.float64), x, u), rtol=0, atol=0)
     c64 = [t.to(torch.complex64) for t in (Lambda, P, B)]
     half = dplr_bilinear_step(*c64, 0.05, x.to(torch.complex64), u.bfloat16())
     assert half.dtype == torch.complex64
@@ -231,7 +231,8 @@ _X, _U = torch.zeros(2, 4, dtype=torch.complex128), torch.zeros(2)
 
 BAD = [
     (lambda: dplr_bilinear_step(_L.numpy(), _P, _B, 0.1, _X, _U), TypeError, "Lambda must be a torch.Tensor"),
-    (lambda: dplr_bilinear_step(_L, _P[:3], _B, 0.1, _X, _U), ValueError, r"P must have shape \(\.\.\., N\) with N=4"),
+    (lambda: dplr_bilinear_step(_L, _P[..., :3], _B, 0.1, _X, _U), ValueError, r"P must have shape \(\.\.\., N\) with N=4"),
+    (lambda: dplr_bilinear_step(_L, _P[0], _B, 0.1, _X, _U), ValueError, r"P must have shape \(\.\.\., r, N\).*write P\[\.\.\., None, :\]"),
     (lambda: dplr_bilinear_step(_L, _P, _B, 0.1, _X[:, :3], _U), ValueError, "x must have shape"),
     (lambda: dplr_bilinear_step(_L, _P, _B, -0.1, _X, _U), ValueError, "dt must be positive"),
     (lambda: dplr_bilinear_step(_L, _P, _B, 0.1, _X, _U.to(torch.complex64)), TypeError, "u must be real"),
@@ -384,3 +385,18 @@ def test_dplr_bilinear_step_under_autocast():
     ref = dplr_bilinear_step(*c64, 0.1, x, u)
     with torch.autocast("cpu", dtype=torch.bfloat16): got = dplr_bilinear_step(*c64, 0.1, x, u)
     assert torch.equal(got, ref)
+
+
+def test_dplr_bilinear_step_rank_axis_is_never_guessed():
+    "P's last two axes are always (r, N) (API.md). LegT's rank-2 P (2, N) with two channels' Lambda (2, N) was read as two rank-1 "
+    "channels; now it is refused (saying P[None]), and P[None] gives each channel its rank-2 step, equal to the dense bilinear step "
+    "(observed 1e-15). A rank-1 P without its axis is refused too (saying P[..., None, :]); S4 stores P as (H, r, N) for both measures."
+    torch.manual_seed(10)
+    Lambda, P, B, _ = dplr("legt", 6)
+    assert P.shape == (2, 6)
+    Lambda2, B2 = torch.stack([Lambda, Lambda - 0.3]), B.expand(2, 6)  # two channels
+    x, u, dt = torch.randn(2, 6, dtype=torch.complex128), torch.randn(2, dtype=torch.float64), torch.tensor([0.1, 0.7], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"P must have shape \(\.\.\., r, N\).*Lambda \(2, 6\).*P\[None\]"): dplr_bilinear_step(Lambda2, P, B2, dt, x, u)
+    Ad, Bd = discretize(torch.diag_embed(Lambda2) - P.mT @ P.conj(), B2, dt, "bilinear")  # each channel: rank 2
+    assert _rel(dplr_bilinear_step(Lambda2, P[None], B2, dt, x, u), (Ad @ x[..., None])[..., 0] + Bd * u[..., None]) < 1e-13
+    for measure, r in (("legs", 1), ("legt", 2)): assert S4(3, d_state=6, measure=measure).P.shape == (3, r, 6, 2)
