@@ -450,45 +450,75 @@ class _LargestTensor(TorchDispatchMode):
 
 # %% ../nbs/06_diagonal.ipynb #831dd9c8
 from .checks import (check_tensor, check_last_dim, check_size, check_choice, broadcast_batch, float_dtype, compute_dtype,
-                               real_dtype, values_hidden, resolve_backend)
+                               real_dtype, values_hidden, resolve_backend, full_precision)
 from .discretize import phi1, _check_dt
 
 # %% ../nbs/06_diagonal.ipynb #fec5dab8
+def _powers(
+    x:Tensor, # values, (..., N)
+    n:int, # how many powers
+)->Tensor: # $x^0, \dots, x^{n-1}$, (..., N, n)
+    "Powers by repeated products (a cumulative product), so that autograd's derivatives of every order are right, also at 0."
+    return torch.cumprod(torch.cat([torch.ones_like(x)[..., None], x[..., None].expand(*x.shape, n - 1)], -1), -1)
+
+@full_precision
 def ssm_kernel_diag(
-    dA:Tensor, # discrete eigenvalues $\bar\lambda_n$, (..., N), real or complex
+    dA:Tensor, # discrete eigenvalues $\bar\lambda_n$, (..., N), real or complex; with `log=True`, their logarithms $\log\bar\lambda_n$
     dB:Tensor, # discrete input vector $\bar B$, (..., N)
     C:Tensor, # output vector, (..., N)
     L:int, # kernel length, at least 1
     backend:str="auto", # "auto", "torch" or "triton"
     block:int|None=None, # inner block size T (default: about $\sqrt L$)
+    *,
+    log:bool=False, # `dA` holds $\log\bar\lambda_n$ (for ZOH, $\Delta\lambda_n$; $-\infty$ for $\bar\lambda_n = 0$), read in float64 whatever its dtype
 )->Tensor: # $K_l = \sum_n C_n\bar B_n\bar\lambda_n^l$, (..., L); complex if any input is complex
-    r"The diagonal SSM kernel over exactly the states given, blocked with float64 exponents: $O(L + N\sqrt L)$ memory."
+    r"""The diagonal SSM kernel over exactly the states given, blocked with float64 exponents: $O(L + N\sqrt L)$ memory.
+
+    The result has the precision of `dA`, `dB` and `C` together (half precision is computed in float32 and rounded once); with
+    `log=True` that of `dB` and `C` alone, since the exponents $l\log\bar\lambda_n$ are always formed in float64 (a float64
+    `dA` with complex64 `dB`, `C` gives a complex64 kernel). Autocast is ignored. Differentiable to every order with autograd
+    (gradients with respect to $\log\bar\lambda$ when `log=True`), and `torch.func.grad`/`vmap` work on the PyTorch path;
+    the Triton path is differentiable once."""
     N = check_tensor(dA, "dA", min_ndim=1).shape[-1]
     check_last_dim(dB, "dB", N); check_last_dim(C, "C", N)
     L = check_size(L, "L")
     if block is not None: block = check_size(block, "block")
+    if not isinstance(log, bool): raise TypeError(f"log must be True or False, got {log!r}")
     broadcast_batch(dA=dA.shape[:-1], dB=dB.shape[:-1], C=C.shape[:-1])
-    out, work = float_dtype(dA, dB, C), compute_dtype(dA, dB, C)  # integers give floats; half precision runs in float32
-    dA, dB, C = dA.to(work), dB.to(work), C.to(work)
-    if resolve_backend(backend, dA, has_triton=backend == "triton" or work in (torch.float32, torch.complex64), name="ssm_kernel_diag") == "triton":
+    like = (dB, C) if log else (dA, dB, C)  # a logarithm does not set the precision: it is read in float64
+    out, work = float_dtype(*like), compute_dtype(*like)  # integers give floats; half precision runs in float32
+    if log and dA.is_complex(): out, work = torch.promote_types(out, torch.complex32), torch.promote_types(work, torch.complex64)
+    if not log: dA = dA.to(work)
+    dB, C = dB.to(work), C.to(work)
+    if resolve_backend(backend, dB, has_triton=backend == "triton" or work in (torch.float32, torch.complex64), name="ssm_kernel_diag") == "triton":
         from ssm_course.triton_ssm import ssm_kernel_diag_triton  # notebook 11
-        return ssm_kernel_diag_triton(dA, dB, C, L).to(out)
-    ctype = torch.complex128 if real_dtype(work) == torch.float64 else torch.complex64
+        return ssm_kernel_diag_triton(dA, dB, C, L, log=log).to(out)
+    real = log and not (dA.is_complex() or work.is_complex)  # a real logarithm and real weights: real arithmetic throughout
+    ctype = work if real else torch.promote_types(work, torch.complex64)
     T = block or max(1, min(L, 2 ** round(math.log2(math.sqrt(L)))))
-    W, zero = C * dB, dA == 0
-    logA = torch.log(torch.where(zero, torch.ones_like(dA), dA).to(torch.complex128))  # (..., N)
+    if log:  # log(dA) = -inf is a state at dA = 0
+        zero = dA.real == -math.inf
+        e = torch.where(zero, 0, dA).to(torch.float64 if real else torch.complex128)  # (..., N)
+    else:
+        zero = dA == 0
+        e = torch.log(torch.where(zero, 1, dA).to(torch.complex128))  # (..., N)
     j = torch.arange(T, device=dA.device, dtype=torch.float64)
     l0 = T * torch.arange(-(-L // T), device=dA.device, dtype=torch.float64)
-    inner = torch.exp(logA[..., :, None] * j).to(ctype)  # (..., N, T): dA^j
-    outer = torch.where(zero, 0, W).to(ctype)[..., None, :] * torch.exp(logA[..., None, :] * l0[:, None]).to(ctype)  # (..., L/T, N)
-    K = (outer @ inner).flatten(-2)[..., :L]  # (..., L)
-    if values_hidden(dA) or bool(zero.any()):  # states at dA = 0: C dB at l = 0, and C dB dA (zero, with its derivative) at l = 1
-        Wz = torch.where(zero, W, 0).to(ctype)
-        head = torch.stack([Wz.sum(-1), (Wz * dA.to(ctype)).sum(-1)], -1)[..., :L]
-        K = torch.cat([K[..., :head.shape[-1]] + head, K[..., head.shape[-1]:]], -1)
+    inner = torch.exp(e[..., :, None] * j).to(ctype)  # (..., N, T): dA^j
+    outer = torch.exp(e[..., None, :] * l0[:, None]).to(ctype)  # (..., L/T, N): dA^l0
+    if values_hidden(dA) or torch._C._functorch.is_functorch_wrapped_tensor(dA) or bool(zero.any()):
+        # states at dA = 0: exp(l log dA) is 0 * inf at l = 0, and its derivatives are 0/0. Their powers are 1, 0, 0, ...:
+        # with `log`, constants (no dependence on log dA = -inf); else products of dA, exact in value and in every derivative.
+        if log: zin, zout = (j == 0).to(ctype), (l0 == 0).to(ctype)[:, None]
+        else:
+            zin = _powers(torch.where(zero, dA, 0), T + 1)  # (..., N, T+1): dA^0 .. dA^T
+            zin, zout = zin[..., :T].to(ctype), _powers(zin[..., T], len(l0)).mT.to(ctype)  # (..., L/T, N): (dA^T)^k
+        inner, outer = torch.where(zero[..., :, None], zin, inner), torch.where(zero[..., None, :], zout, outer)
+    K = ((C * dB).to(ctype)[..., None, :] * outer @ inner).flatten(-2)[..., :L]  # (..., L/T, T) -> (..., L)
     return (K if out.is_complex else K.real).to(out)
 
 # %% ../nbs/06_diagonal.ipynb #eb49aa5e
+@full_precision
 def dss_kernel(
     Lambda:Tensor, # eigenvalues $\lambda_n$, (..., N), complex; nonzero for "softmax"
     W:Tensor, # DSS's complex weights $W_n$, (..., N)
@@ -496,7 +526,7 @@ def dss_kernel(
     L:int, # kernel length, at least 1
     kind:str="exp", # "exp" or "softmax"
 )->Tensor: # real kernel, (..., L)
-    r"DSS's kernels: $\mathrm{Re}\sum_n W_n \frac{e^{\lambda_n\Delta} - 1}{\lambda_n} e^{\lambda_n l\Delta}$ (exp), or $\mathrm{Re}\sum_n \frac{W_n}{\lambda_n}\,\mathrm{softmax}_l(\lambda_n l\Delta)$ (softmax)."
+    r"DSS's kernels: $\mathrm{Re}\sum_n W_n \frac{e^{\lambda_n\Delta} - 1}{\lambda_n} e^{\lambda_n l\Delta}$ (exp), or $\mathrm{Re}\sum_n \frac{W_n}{\lambda_n}\,\mathrm{softmax}_l(\lambda_n l\Delta)$ (softmax); exponents $\lambda_n l\Delta$ in float64."
     check_choice(kind, "kind", {"exp", "softmax"})
     N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
     check_last_dim(W, "W", N)
@@ -507,12 +537,13 @@ def dss_kernel(
     broadcast_batch(Lambda=Lambda.shape[:-1], W=W.shape[:-1], dt=dt.shape)
     Lambda, W, dt = Lambda.to(ctype), W.to(ctype), dt.to(real_dtype(ctype))[..., None]
     z = Lambda * dt  # (..., N)
+    z64 = Lambda.to(torch.complex128) * dt.to(torch.float64)  # the exponents' log(dA), exact for float32 inputs (a product of two 24-bit significands)
     if kind == "exp":  # (e^z - 1)/Lambda = dt phi1(z), also at Lambda = 0
-        return ssm_kernel_diag(torch.exp(z), W * dt * phi1(z), torch.ones_like(W), L).real.to(real_dtype(out))
+        return ssm_kernel_diag(z64, W * dt * phi1(z), torch.ones_like(W), L, log=True).real.to(real_dtype(out))
     if not values_hidden(Lambda) and bool((Lambda == 0).any()): raise ValueError("Lambda must be nonzero for kind='softmax' (the kernel divides by it), got a zero eigenvalue")
     grow = z.real > 0
-    s = torch.where(grow, -z, z)  # Re s <= 0: a growing mode is run backwards in time
-    w = W / Lambda * phi1(s) / (L * phi1(s * L))  # 1 / sum_k e^{s k}
-    fwd = ssm_kernel_diag(torch.exp(s), torch.where(grow, 0, w), torch.ones_like(w), L)
-    bwd = ssm_kernel_diag(torch.exp(s), torch.where(grow, w, 0), torch.ones_like(w), L).flip(-1)
+    s, s64 = torch.where(grow, -z, z), torch.where(grow, -z64, z64)  # Re s <= 0: a growing mode is run backwards in time
+    w = W / Lambda * phi1(s) / (L * phi1(s64 * L)).to(ctype)  # 1 / sum_k e^{s k}; s L from the float64 exponent, as the powers
+    fwd = ssm_kernel_diag(s64, torch.where(grow, 0, w), torch.ones_like(w), L, log=True)
+    bwd = ssm_kernel_diag(s64, torch.where(grow, w, 0), torch.ones_like(w), L, log=True).flip(-1)
     return (fwd + bwd).real.to(real_dtype(out))

@@ -8,10 +8,10 @@ Docs: https://ssm-course.github.io/ssm_course/diagonal.html.md"""
 __all__ = ['S4D_INITS', 's4d_init', 'dss_init', 'log_uniform_dt']
 
 # %% ../nbs/06_diagonal.ipynb #b663681e
-import math
+import math, numbers
 import torch
 from torch import Tensor
-from .checks import check_choice, check_size
+from .checks import check_choice, check_size, real_dtype
 from .hippo import dplr
 
 # %% ../nbs/06_diagonal.ipynb #e74843eb
@@ -20,16 +20,21 @@ S4D_INITS = ("legs", "inv", "lin", "real")
 def s4d_init(
     kind:str, # "legs", "inv", "lin" or "real"
     N:int, # state size: N//2 complex states (N real states for "real"); even except for "real"
-    dtype:torch.dtype=torch.complex64, # complex dtype (its real counterpart for "real")
+    dtype:torch.dtype=torch.complex64, # the precision: complex64/float32 or complex128/float64 (any float or complex dtype for "real")
 )->tuple[Tensor, Tensor]: # (Lambda, B), each (N//2,) (or (N,) for "real")
-    "S4D's diagonal initializations: eigenvalues $\\Lambda$ and input vector $B$."
+    "S4D's diagonal initializations: eigenvalues $\\Lambda$ and input vector $B$, complex (complex64 for `dtype` float32), or real of `dtype`'s precision for \"real\"."
     check_choice(kind, "kind", set(S4D_INITS))
     N = check_size(N, "N", min=2)
     if kind != "real" and N % 2: raise ValueError(f"N must be an even integer >= 2 (any N >= 2 for 'real'), got {N!r}")
+    if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or dtype.is_complex):
+        raise TypeError(f"dtype must be a floating-point or complex torch.dtype, got {dtype!r}")
     n = torch.arange(N // 2, dtype=torch.float64)
     if kind == "real":
-        real = torch.float32 if dtype == torch.complex64 else torch.float64
-        return -(torch.arange(N, dtype=real) + 1), torch.ones(N, dtype=real)
+        real = real_dtype(dtype)  # complex64 gives float32
+        return -(torch.arange(N, dtype=torch.float64) + 1).to(real), torch.ones(N, dtype=real)
+    ctype = {torch.float32: torch.complex64, torch.float64: torch.complex128}.get(dtype, dtype)  # a complex init is complex
+    if ctype not in (torch.complex64, torch.complex128):
+        raise TypeError(f"s4d_init({kind!r}) returns complex eigenvalues: dtype must be complex64 or complex128 (or float32/float64, which give them), got {dtype}")
     if kind == "legs":
         Lambda, _, B, _ = dplr("legs", N)
         keep = Lambda.imag > 0  # one member of each conjugate pair (LegS has no real eigenvalue for even N)
@@ -37,23 +42,27 @@ def s4d_init(
     else:
         imag = N / math.pi * (N / (2 * n + 1) - 1) if kind == "inv" else math.pi * n
         Lambda, B = torch.complex(torch.full_like(n, -0.5), imag), torch.ones(N // 2, dtype=torch.complex128)
-    return Lambda.to(dtype), B.to(dtype)
+    return Lambda.to(ctype), B.to(ctype)
 
 def dss_init(
     N:int, # state size: N//2 complex states
-    dtype:torch.dtype=torch.complex64, # complex dtype of the result
+    dtype:torch.dtype=torch.complex64, # complex64 or complex128 (float32/float64 give them)
 )->Tensor: # Lambda, (N//2,)
     "DSS's eigenvalues: those of HiPPO-LegS's skew-symmetric normal part, shifted to $\\mathrm{Re} = -\\frac12$ (the same as S4D-LegS)."
     return s4d_init("legs", N, dtype)[0]
 
 def log_uniform_dt(
     shape:tuple, # shape of the tensor of steps, e.g. (H,)
-    dt_min:float=1e-3, # smallest step
-    dt_max:float=1e-1, # largest step
+    dt_min:float=1e-3, # smallest step, positive and finite
+    dt_max:float=1e-1, # largest step, finite, at least `dt_min` (equal: every step is `dt_min`)
     generator:torch.Generator|None=None, # random generator; the global one if None
-    dtype:torch.dtype=torch.float32, # dtype of the result
+    dtype:torch.dtype=torch.float32, # real floating-point dtype of the result
 )->Tensor: # steps in [dt_min, dt_max], of shape `shape`
     "Steps drawn log-uniformly from $[\\Delta_{\\min}, \\Delta_{\\max}]$, one per channel, as in S4 and S4D."
-    if not 0 < dt_min <= dt_max: raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+    for name, v in (("dt_min", dt_min), ("dt_max", dt_max)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real): raise TypeError(f"{name} must be a real number, got {v!r}")
+        if not 0 < v < math.inf: raise ValueError(f"{name} must be positive and finite, got {v}")
+    if dt_min > dt_max: raise ValueError(f"need dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point: raise TypeError(f"dtype must be a real floating-point torch.dtype, got {dtype!r}")
     u = torch.rand(shape, generator=generator, dtype=torch.float64)
-    return torch.exp(math.log(dt_min) + u * (math.log(dt_max) - math.log(dt_min))).to(dtype)
+    return torch.exp(math.log(dt_min) + u * (math.log(dt_max) - math.log(dt_min))).clamp(dt_min, dt_max).to(dtype)  # exp(log x) may miss x by a rounding
