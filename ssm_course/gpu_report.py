@@ -111,6 +111,25 @@ def _clean_env():
     env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
 
+def _selection_error(modules, archs, variants, kernels, need_specs=True):
+    "(argument, message) if the selection names an unknown architecture, a module that cannot be imported (or has no compile specs), or a kernel or variant that no spec of `modules` has; else None."
+    unknown = [a for a in archs if a not in SHARED_LIMIT]
+    if unknown: return "archs", f"unknown architecture(s) {unknown}; choose from {sorted(SHARED_LIMIT)}"
+    for m in modules:
+        try: found = importlib.util.find_spec(m) is not None
+        except (ImportError, ValueError): found = False
+        if not found: return "modules", f"cannot import {m!r}"
+        if need_specs and not hasattr(importlib.import_module(m), "compile_specs"): return "modules", f"{m} has no compile_specs()"
+    if not need_specs: return None
+    all_specs = [s for m in modules for s in specs(m)]
+    for arg, chosen, key in (("kernels", kernels, "kernel"), ("variants", variants, "variant")):
+        names = sorted({s[key] for s in all_specs})
+        unknown = [x for x in chosen or [] if x not in names]
+        if unknown: return arg, f"no compile spec of {', '.join(modules)} has the {key} name(s) {unknown}; they are {names}"
+    if kernels and variants and not any(s["kernel"] in kernels and s["variant"] in variants for s in all_specs):
+        return "variants", f"none of the kernels {kernels} has a variant in {variants}"
+    return None
+
 def report(
     modules:tuple=MODULES, # kernel modules to compile
     archs:tuple=ARCHS, # target architectures
@@ -120,6 +139,8 @@ def report(
     workers:int=1, # parallel compile processes
 )->list: # one row per (spec, arch)
     "Compile every kernel variant of `modules` for each of `archs` and measure it (in a clean process if the interpreter is on)."
+    bad = _selection_error(tuple(modules), tuple(archs), variants, kernels)
+    if bad: raise ValueError(f"{bad[0]}: {bad[1]}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         args = [sys.executable, "-m", "ssm_course.gpu_report", "--json", "--workers", str(workers), "--modules", *modules, "--archs", *map(str, archs)]
         if variants: args += ["--variants", *variants]
@@ -180,11 +201,14 @@ def main(
     ap.add_argument("--coverage", action="store_true", help="print each module's kernels without a compile spec (JSON)")
     ap.add_argument("--perf", action="store_true", help="print the performance model (JSON)")
     ap.add_argument("--modules", nargs="+", default=list(MODULES))
-    ap.add_argument("--archs", nargs="+", type=int, default=list(ARCHS))
+    ap.add_argument("--archs", nargs="+", type=int, choices=ARCHS, default=list(ARCHS))
     ap.add_argument("--variants", nargs="+", default=None)
     ap.add_argument("--kernels", nargs="+", default=None)
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     a = ap.parse_args(argv)
+    if a.workers < 1: ap.error(f"argument --workers: must be at least 1, got {a.workers}")
+    bad = _selection_error(tuple(a.modules), tuple(a.archs), a.variants, a.kernels, need_specs=not (a.coverage or a.perf))
+    if bad: ap.error(f"argument --{bad[0]}: {bad[1]}")  # before compiling anything: a selection that matches nothing is an error, not an empty table
     if a.coverage: print(json.dumps(coverage(tuple(a.modules)), indent=1)); return
     if a.perf: print(json.dumps(perf_model(tuple(a.modules)), indent=1)); return
     rows = report(tuple(a.modules), tuple(a.archs), a.variants, a.kernels, a.asm, a.workers)

@@ -154,3 +154,23 @@ def test_command_line_prints_the_table():
     out = subprocess.run([sys.executable, "-m", "ssm_course.gpu_report", "--modules", "ssm_course.triton_scan", "--variants", "float32",
                           "--kernels", "_scan_fwd_kernel", "--archs", "90"], env=clean_env(), capture_output=True, text=True, timeout=300).stdout
     assert out.startswith("| kernel | variant | arch | registers | spill_bytes | shared_bytes | tensor_cores | vector_loads |") and "| `_scan_fwd_kernel` | float32 | sm_90 |" in out
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--archs", "70"], "argument --archs: invalid choice: 70 (choose from 80, 90)"),
+    (["--modules", "foo"], "argument --modules: cannot import 'foo'"), (["--modules", "foo.bar"], "argument --modules: cannot import 'foo.bar'"),
+    (["--modules", "ssm_course.checks"], "argument --modules: ssm_course.checks has no compile_specs()"),
+    (["--kernels", "nothing_kernel"], "argument --kernels: no compile spec of ssm_course.triton_scan, ssm_course.triton_ssm has the kernel name(s) ['nothing_kernel']; they are ['_kdiag_bwd_kernel'"),
+    (["--variants", "float8"], "argument --variants: no compile spec of ssm_course.triton_scan, ssm_course.triton_ssm has the variant name(s) ['float8']"),
+    (["--kernels", "_scan_fwd_kernel", "--variants", "forward, bench"], "argument --variants: none of the kernels ['_scan_fwd_kernel'] has a variant in ['forward, bench']"),
+    (["--workers", "0"], "argument --workers: must be at least 1, got 0"),
+    (["--coverage", "--modules", "foo"], "argument --modules: cannot import 'foo'"),
+])
+def test_command_line_refuses_bad_options(args, msg, capsys):
+    "Exit status 2 and argparse's one-line error naming the option, before compiling anything (was a traceback, or an empty table and exit 0)."
+    from ssm_course import gpu_report
+    with pytest.raises(SystemExit) as e: gpu_report.main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[0].startswith("usage: ") and f"error: {msg}" in err[-1], err
+    with pytest.raises(ValueError, match="kernels: no compile spec"): gpu_report.report(("ssm_course.triton_scan",), kernels=["nothing_kernel"])
+    with pytest.raises(ValueError, match=r"archs: unknown architecture\(s\) \[70\]"): gpu_report.report(archs=(70,))
