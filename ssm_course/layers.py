@@ -78,6 +78,10 @@ def _check_real(value, name):
     if isinstance(value, bool) or not isinstance(value, numbers.Real): raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
     return float(value)
 
+def _log_dA(layer):
+    "$\\log\\bar A = \\Delta\\lambda$, (H, N/2), complex128 from a diagonal layer's stored $\\log(-\\mathrm{Re}\\,\\lambda)$, $\\mathrm{Im}\\,\\lambda$ and $\\log\\Delta$ (any precision)."
+    return torch.exp(layer.log_dt.double())[:, None] * torch.complex(-torch.exp(layer.log_neg_re.double()), layer.im.double())
+
 def _check_dt_range(dt_min, dt_max):
     "Check the initial step range: finite, $0 < \\Delta_{\\min} \\le \\Delta_{\\max}$."
     for value, name in ((dt_min, "dt_min"), (dt_max, "dt_max")):
@@ -122,8 +126,8 @@ class S4D(nn.Module):
                L:int, # kernel length
               )->Tensor: # (H, L)
         "The real convolution kernel."
-        dA, dB = self.discrete()
-        return self.scale * ssm_kernel_diag(dA, dB, _c(self.C), check_size(L, "L")).real
+        _, dB = self.discrete()
+        return self.scale * ssm_kernel_diag(_log_dA(self), dB, _c(self.C), check_size(L, "L"), log=True).real  # powers of dA from its float64 logarithm
 
     def initial_state(self,
                       batch:int, # batch size
@@ -141,10 +145,9 @@ class S4D(nn.Module):
         if state is not None: _check_state(state, (x.shape[0], *self.im.shape), device=self.D.device)
         with _no_autocast(x):
             L = u.shape[-1]
-            dA, dB = self.discrete()
-            C = _c(self.C)
-            y = causal_conv(u, self.scale * ssm_kernel_diag(dA, dB, C, L).real) + _f32(self.D)[:, None] * u
-            if state is not None: y = y + self.scale * ssm_kernel_diag(dA, dA * state, C, L).real  # free response of the state
+            (dA, dB), logA, C = self.discrete(), _log_dA(self), _c(self.C)
+            y = causal_conv(u, self.scale * ssm_kernel_diag(logA, dB, C, L, log=True).real) + _f32(self.D)[:, None] * u
+            if state is not None: y = y + self.scale * ssm_kernel_diag(logA, dA * state, C, L, log=True).real  # free response of the state
             y = y.transpose(1, 2).to(x.dtype)
             if not return_state: return y
             _, last = scan(dA[..., None], dB[..., None] * u[:, :, None, :].to(dB.dtype), state, return_last=True)  # (b, H, N/2)
@@ -296,8 +299,8 @@ class DSS(nn.Module):
                L:int, # kernel length
               )->Tensor: # (H, L)
         "The real convolution kernel."
-        dA, dB = self.discrete()
-        return ssm_kernel_diag(dA, dB, _c(self.W), check_size(L, "L")).real
+        _, dB = self.discrete()
+        return ssm_kernel_diag(_log_dA(self), dB, _c(self.W), check_size(L, "L"), log=True).real  # powers of dA from its float64 logarithm
 
     def initial_state(self,
                       batch:int, # batch size
@@ -315,9 +318,9 @@ class DSS(nn.Module):
         if state is not None: _check_state(state, (x.shape[0], *self.im.shape), device=self.D.device)
         with _no_autocast(x):
             L = u.shape[-1]
-            (dA, dB), W = self.discrete(), _c(self.W)
-            y = causal_conv(u, ssm_kernel_diag(dA, dB, W, L).real) + _f32(self.D)[:, None] * u
-            if state is not None: y = y + ssm_kernel_diag(dA, dA * state, W, L).real  # free response of the state
+            (dA, dB), logA, W = self.discrete(), _log_dA(self), _c(self.W)
+            y = causal_conv(u, ssm_kernel_diag(logA, dB, W, L, log=True).real) + _f32(self.D)[:, None] * u
+            if state is not None: y = y + ssm_kernel_diag(logA, dA * state, W, L, log=True).real  # free response of the state
             y = y.transpose(1, 2).to(x.dtype)
             if not return_state: return y
             _, last = scan(dA[..., None], dB[..., None] * u[:, :, None, :].to(dB.dtype), state, return_last=True)  # (b, H, N/2)
