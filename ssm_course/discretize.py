@@ -11,7 +11,7 @@ __all__ = ['DENSE_METHODS', 'DIAG_METHODS', 'discretize', 'expm1', 'phi1', 'disc
 import math, numbers
 import torch
 from torch import Tensor
-from .checks import check_tensor, check_square, check_last_dim, check_choice, check_positive, broadcast_batch, values_hidden, float_dtype, compute_dtype, real_dtype, to_precision
+from .checks import check_tensor, check_square, check_last_dim, check_choice, check_positive, broadcast_batch, values_hidden, float_dtype, compute_dtype, real_dtype, to_precision, full_precision
 from .ssm import matrix_exp
 
 # %% ../nbs/02_discretize.ipynb #013422f5
@@ -48,9 +48,22 @@ def _check_alpha(
     return _ALPHA.get(method)
 
 # %% ../nbs/02_discretize.ipynb #84814252
+def _singular(
+    info:Tensor, # `torch.linalg.solve_ex`'s info, (...): nonzero where the matrix is singular
+    what:str, # the matrix, in words
+    method:str, # the method's name
+    alpha:float, # its weight
+)->None:
+    "Raise a `ValueError` naming `A`, `dt` and the method if any solve met a singular matrix (not checked where values are hidden)."
+    if values_hidden(info) or not bool((info != 0).any()): return
+    idx = tuple(i.item() for i in (info != 0).nonzero()[0])
+    raise ValueError(f"{what} is singular{f' at batch index {idx}' if idx else ''} for method={method!r} (alpha={alpha}): "
+                     f"A has an eigenvalue 1/(alpha dt); use another dt or method (zoh has no solve)")
+
+@full_precision
 def discretize(
     A:Tensor, # state matrix, (..., N, N)
-    B:Tensor, # input matrix (..., N, M), or vector (..., N) when it has one dimension fewer than `A`
+    B:Tensor, # input vectors (..., N) if `B` has fewer dimensions than `A`, else input matrices (..., N, M): fixed by `ndim`, never by sizes
     dt:Tensor|float, # step size > 0, scalar or a tensor that broadcasts with the batch dims `A.shape[:-2]`
     method:str="zoh", # "zoh", "bilinear", "euler", "backward_euler" or "gbt"
     alpha:float|None=None, # weight of the new end of the step, only for "gbt": 0 euler, 1/2 bilinear, 1 backward Euler
@@ -60,8 +73,12 @@ def discretize(
     method = check_choice(method, "method", DENSE_METHODS)
     alpha = _check_alpha(method, alpha)
     vector = check_tensor(B, "B", min_ndim=1).ndim < A.ndim
-    if vector: check_last_dim(B, "B", N)
-    elif B.shape[-2] != N: raise ValueError(f"B must have shape (..., N, M) with N={N} (or (..., N)), got shape {tuple(B.shape)}")
+    if vector and B.shape[-1] != N:
+        other = f"; for input matrices (..., N, M), give B as many dimensions as A: B[{'None, ' * (A.ndim - B.ndim)}...]" if B.ndim >= 2 and B.shape[-2] == N else ""
+        raise ValueError(f"B has fewer dimensions than A {tuple(A.shape)}, so it is read as input vectors (..., N) with N={N}, got shape {tuple(B.shape)}{other}")
+    if not vector and B.shape[-2] != N:
+        other = f"; for input vectors (..., N) with a shared A, give A batch axes so that B has fewer dimensions: discretize(A[{'None, ' * (B.ndim - A.ndim + 1)}...], B, dt)" if B.shape[-1] == N else ""
+        raise ValueError(f"B has as many dimensions as A {tuple(A.shape)} or more, so it is read as input matrices (..., N, M) with N={N}, got shape {tuple(B.shape)}{other}")
     out, cd = float_dtype(A, B), compute_dtype(A, B)  # integers become float; half precision is computed in float32
     split = B.is_complex() and not A.is_complex()  # a real A with a complex B: Re B and Im B are discretized as two real inputs
     A = to_precision(A, cd)
@@ -78,12 +95,14 @@ def discretize(
         dA, dB = E[..., :N, :N], E[..., :N, N:]
     else:
         I = torch.eye(N, dtype=A.dtype, device=A.device)
-        sol = torch.linalg.solve(I - alpha * dt * A, torch.cat([I + (1 - alpha) * dt * A, dt * Bm], -1))
+        sol, info = torch.linalg.solve_ex(I - alpha * dt * A, torch.cat([I + (1 - alpha) * dt * A, dt * Bm], -1))
+        _singular(info, "I - alpha dt A", method, alpha)
         dA, dB = sol[..., :N], sol[..., N:]
     if split: dB = torch.complex(dB[..., :M // 2], dB[..., M // 2:])
     return to_precision(dA, out), to_precision(dB[..., 0] if vector else dB, out)
 
 # %% ../nbs/02_discretize.ipynb #400ee91d
+@full_precision
 def expm1(
     z:Tensor, # real or complex
 )->Tensor: # $e^z - 1$, same dtype as `z` (integers give float)
@@ -97,23 +116,31 @@ def expm1(
 
 _PHI1_TAYLOR = [1 / math.factorial(k + 1) for k in range(11)]  # phi1(z) = sum_k z^k / (k+1)!, k = 0..10
 
+@full_precision
 def phi1(
     z:Tensor, # real or complex
 )->Tensor: # $\varphi_1(z)$, same dtype as `z` (integers give float)
-    "$\\varphi_1(z) = (e^z - 1)/z$, equal to 1 at $z = 0$; a Taylor polynomial for $|z| < 0.2$ keeps its value and gradient accurate near 0."
+    "$\\varphi_1(z) = (e^z - 1)/z$, equal to 1 at $z = 0$; a Taylor polynomial for $|z| < 0.2$ keeps its value and gradient accurate near 0, and for $\\mathrm{Re}\\,z > 40$ it is $e^{z/2}(e^{z/2}/z)$, which overflows only where the value does."
     z = check_tensor(z, "z")
     out = float_dtype(z)
     z = z.to(compute_dtype(z))
-    small = z.abs() < 0.2
-    zs = torch.where(small, torch.ones_like(z), z)  # the quotient never divides by (nearly) 0 ...
-    zp = torch.where(small, z, torch.zeros_like(z))  # ... and the polynomial never sees a large z: both branches and their gradients stay finite
+    small, big = z.abs() < 0.2, z.real > 40  # beyond 40, 1/z is below a rounding of e^z/z
+    zs = torch.where(small | big, torch.ones_like(z), z)  # the quotient never divides by (nearly) 0 nor overflows ...
+    zp = torch.where(small, z, torch.zeros_like(z))  # ... the polynomial never sees a large z ...
+    zb = torch.where(big, z, torch.full_like(z, 41))  # ... nor e^{z/2} a small one: every branch and its gradient stay finite
     series = torch.full_like(zp, _PHI1_TAYLOR[-1])
     for c in reversed(_PHI1_TAYLOR[:-1]): series = c + zp * series  # Horner's rule
-    return torch.where(small, series, expm1(zs) / zs).to(out)
+    h = torch.exp(zb / 2)
+    phi = torch.where(small, series, torch.where(big, h * (h / zb), expm1(zs) / zs))
+    inf = z.real == math.inf  # the limits: along Re z -> +inf an infinity in the direction of e^z; as |Im z| -> inf (Re z < inf), 0
+    phi = torch.where(inf, torch.exp(torch.where(inf, z, torch.zeros_like(z))), phi)
+    if z.is_complex(): phi = torch.where(z.imag.isinf() & ~inf, torch.zeros_like(z), phi)
+    return phi.to(out)
 
 # %% ../nbs/02_discretize.ipynb #06a4fb4a
 DIAG_METHODS = DENSE_METHODS | {"zoh_euler"}
 
+@full_precision
 def discretize_diag(
     Lambda:Tensor, # eigenvalues of the diagonal A, (..., N), real or complex
     B:Tensor, # input vector, (..., N), real or complex
@@ -135,5 +162,7 @@ def discretize_diag(
         dB = dt * (phi1(z) if method == "zoh" else 1) * B
     else:
         denom = 1 - alpha * z
+        if not values_hidden(denom) and bool((denom == 0).any()):
+            raise ValueError(f"1 - alpha dt Lambda is zero for method={method!r} (alpha={alpha}): an eigenvalue in Lambda equals 1/(alpha dt); use another dt or method")
         dA, dB = (1 + (1 - alpha) * z) / denom, dt * B / denom
     return to_precision(dA, out), to_precision(dB, out)

@@ -12,9 +12,10 @@ __all__ = ['matrix_exp', 'state_transition', 'basis_functions', 'impulse_respons
 import math, numbers
 import torch
 from torch import Tensor
-from .checks import check_tensor, check_square, check_last_dim, check_size, broadcast_batch, float_dtype, compute_dtype, real_dtype, to_precision, values_hidden
+from .checks import check_tensor, check_square, check_last_dim, check_size, broadcast_batch, float_dtype, compute_dtype, real_dtype, to_precision, values_hidden, full_precision
 
 # %% ../nbs/01_ssm.ipynb #21edf9de
+@full_precision
 def matrix_exp(
     M:Tensor, # square matrices, (..., N, N)
 )->Tensor: # $e^M$, (..., N, N), in `M`'s dtype
@@ -42,6 +43,7 @@ def _check_times(
     if t.is_complex(): raise TypeError(f"t must be real times, got dtype {t.dtype}")
     return t.to(device=like.device, dtype=real_dtype(like.dtype))
 
+@full_precision
 def state_transition(
     A:Tensor, # state matrix, (..., N, N)
     t:Tensor, # times, (T,)
@@ -54,6 +56,7 @@ def state_transition(
     return matrix_exp(t[:, None, None] * A[..., None, :, :]).to(out)  # (..., T, N, N)
 
 # %% ../nbs/01_ssm.ipynb #127d8898
+@full_precision
 def basis_functions(
     A:Tensor, # state matrix, (..., N, N)
     B:Tensor, # input vector, (..., N)
@@ -69,6 +72,7 @@ def basis_functions(
     return x[..., 0].transpose(-1, -2).to(out)  # (..., N, T)
 
 # %% ../nbs/01_ssm.ipynb #48ce01fd
+@full_precision
 def impulse_response(
     A:Tensor, # state matrix, (..., N, N)
     B:Tensor, # input vector, (..., N)
@@ -87,12 +91,18 @@ def impulse_response(
 def random_ssm(
     N:int, # state size
     stable:bool=True, # shift the spectrum so that the largest real part of an eigenvalue of $A$ is $-$`margin`
-    margin:float=0.1, # distance of the rightmost eigenvalue from the imaginary axis
+    margin:float=0.1, # distance of the rightmost eigenvalue from the imaginary axis: finite, > 0 when `stable`
     seed:int=0, # seed of a private generator (the global RNG is untouched)
-    dtype:torch.dtype=torch.float64, # dtype of the returned tensors
+    dtype:torch.dtype=torch.float64, # floating-point or complex dtype of the returned tensors (an integer dtype raises: it would truncate)
 )->tuple[Tensor, Tensor, Tensor, Tensor]: # (A (N, N), B (N,), C (N,), D ())
     "A random single-input single-output SSM $(A, B, C, D)$ for tests and examples."
     N, seed = check_size(N, "N"), check_size(seed, "seed", min=0)
+    if not isinstance(stable, bool): raise TypeError(f"stable must be True or False, got {stable!r}")
+    if isinstance(margin, bool) or not isinstance(margin, numbers.Real): raise TypeError(f"margin must be a real number, got {margin!r}")
+    if not (0 < margin < math.inf if stable else 0 <= margin < math.inf):
+        raise ValueError(f"margin must be finite and {'> 0 with stable=True' if stable else '>= 0'}, got {margin}")
+    if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or dtype.is_complex):
+        raise TypeError(f"dtype must be a floating-point or complex torch.dtype, got {dtype!r}")
     g = torch.Generator().manual_seed(seed)
     A, B, C, D = (torch.randn(s, generator=g, dtype=torch.float64) for s in [(N, N), (N,), (N,), ()])
     A = A / math.sqrt(N)
@@ -100,6 +110,7 @@ def random_ssm(
     return tuple(o.to(dtype) for o in (A, B, C, D))
 
 # %% ../nbs/01_ssm.ipynb #53cafaff
+@full_precision
 def step_response(
     A:Tensor, # state matrix, (..., N, N)
     B:Tensor, # input vector, (..., N)
@@ -123,6 +134,7 @@ def step_response(
     return (torch.einsum("...n,...tn->...t", C.to(cd), x.to(cd)) + D.to(cd)[..., None]).to(out)
 
 # %% ../nbs/01_ssm.ipynb #2f12bb1b
+@full_precision
 def spectral_abscissa(
     A:Tensor, # state matrix, (..., N, N)
 )->Tensor: # $\max_n \mathrm{Re}\,\lambda_n$ over the eigenvalues of `A`, (...)
@@ -130,6 +142,7 @@ def spectral_abscissa(
     if check_square(A, "A") == 0: raise ValueError(f"A must have at least one state, got shape {tuple(A.shape)}")
     return torch.linalg.eigvals(A.to(compute_dtype(A))).real.amax(-1).to(real_dtype(float_dtype(A)))
 
+@full_precision
 def is_stable(
     A:Tensor, # state matrix, (..., N, N)
 )->Tensor: # bool, (...)

@@ -1,5 +1,5 @@
 """ssm_course.discretize: scipy cross-checks on random systems (hypothesis) and bad input."""
-import numpy as np, pytest, torch
+import math, numpy as np, pytest, torch
 from hypothesis import given, settings, strategies as st
 from scipy.signal import cont2discrete
 from ssm_course.discretize import discretize, discretize_diag, expm1, phi1
@@ -207,3 +207,103 @@ def test_phi1_value_and_gradient_against_mpmath(dtype):
     v = phi1(z)
     grad = torch.autograd.grad(v.real.sum() if dtype.is_complex else v.sum(), z)[0]
     assert rel(grad.conj() if dtype.is_complex else grad, dphi) < 30 * eps  # observed up to 24 eps; float32 was 2e-3 (1.7e4 eps) with the former 3-term series below |z| = 1e-4
+
+
+# ---------------------------------------------------------------- issue 25
+
+SINGULAR = [("backward_euler", None, 2.0), ("bilinear", None, 4.0), ("gbt", 0.25, 8.0)]  # dt = 0.5: alpha dt lambda = 1 exactly
+
+
+@pytest.mark.parametrize("method,alpha,lam", SINGULAR)
+def test_singular_solve_names_A_dt_and_method(method, alpha, lam):
+    "Issue 25 item 22: a singular I - alpha dt A raised torch's raw LinAlgError; now a ValueError naming A, dt, the method (and batch index)."
+    A1 = torch.diag(torch.tensor([lam, -1.0], dtype=torch.float64))
+    with pytest.raises(ValueError, match=rf"\bA\b.*\bdt\b.*{method}|{method}.*\bA\b.*\bdt\b") as e: discretize(A1, torch.ones(2, dtype=torch.float64), 0.5, method, alpha)
+    assert "singular" in str(e.value)
+    Ab = torch.stack([torch.diag(torch.tensor([-1.0, -2.0], dtype=torch.float64)), A1])
+    with pytest.raises(ValueError, match=r"batch index \(1,\)"): discretize(Ab, torch.ones(2, dtype=torch.float64), 0.5, method, alpha)
+    with pytest.raises(ValueError, match=rf"\bLambda\b.*\bdt\b"): discretize_diag(torch.tensor([-1.0, lam], dtype=torch.float64), torch.ones(2, dtype=torch.float64), 0.5, method, alpha)
+    discretize(A1, torch.ones(2, dtype=torch.float64), 0.5, "zoh")  # no solve: fine
+
+
+def test_B_layout_is_fixed_by_ndim_and_the_error_says_the_other():
+    "Issue 25 item 13: B with fewer dims than A is vectors, else matrices; a mismatch says how to write the other layout, which then works."
+    A3 = random_ssm(3, seed=2)[0]
+    Bs = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))  # 5 per-channel vectors, one shared A
+    with pytest.raises(ValueError, match=r"read as input matrices.*discretize\(A\[None, \.\.\.\], B, dt\)"): discretize(A3, Bs, 0.1)
+    dA, dB = discretize(A3[None, ...], Bs, 0.1)
+    assert dA.shape == (5, 3, 3) and dB.shape == (5, 3)
+    for i in range(5): torch.testing.assert_close(dB[i], discretize(A3, Bs[i], 0.1)[1], rtol=1e-14, atol=1e-16)  # batched matrix_exp rounds differently
+    Ab = torch.stack([A3, 2 * A3])
+    Bm = torch.randn(3, 2, dtype=torch.float64)  # one input matrix shared by a batch of A
+    with pytest.raises(ValueError, match=r"read as input vectors.*B\[None, \.\.\.\]"): discretize(Ab, Bm, 0.1)
+    dA, dB = discretize(Ab, Bm[None, ...], 0.1)
+    assert dB.shape == (2, 3, 2)
+    torch.testing.assert_close(dB[1], discretize(2 * A3, Bm, 0.1)[1], rtol=1e-14, atol=1e-16)
+    with pytest.raises(ValueError, match=r"read as input vectors \(\.\.\., N\) with N=3, got shape \(4,\)$"): discretize(A3, torch.ones(4, dtype=torch.float64), 0.1)  # no other reading to offer
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(a_batch=st.sampled_from([(), (2,), (1, 2)]), b_batch=st.sampled_from([(), (2,), (3, 1)]), M=st.sampled_from([None, 1, 3]), seed=st.integers(0, 1000))
+def test_B_ndim_rule_fuzz(a_batch, b_batch, M, seed):
+    "Fuzz: with N = 3 and M = 3 available to confuse sizes, B (..., N) with fewer dims than A is vectors, B (..., N, M) with as many or more is matrices; each batch entry equals its own discretization."
+    g = torch.Generator().manual_seed(seed)
+    N = 3
+    A = random_ssm(N, seed=seed)[0].expand(*a_batch, N, N).contiguous() * (1 + torch.rand(*a_batch, 1, 1, generator=g, dtype=torch.float64))
+    B = torch.randn(*b_batch, N, *([M] if M else []), generator=g, dtype=torch.float64)
+    vector = M is None
+    if vector != (B.ndim < A.ndim):
+        with pytest.raises(ValueError, match=r"\bB\b"): discretize(A, B, 0.1)
+        return
+    dA, dB = discretize(A, B, 0.1, "bilinear")
+    batch = torch.broadcast_shapes(a_batch, b_batch)
+    assert dA.shape == (*batch, N, N) and dB.shape == (*batch, N, *([M] if M else []))
+    for idx in np.ndindex(*batch):
+        a = A.expand(*batch, N, N)[idx]
+        b = B.expand(*batch, *B.shape[-(1 if vector else 2):])[idx]
+        ref = discretize(a, b, 0.1, "bilinear")
+        torch.testing.assert_close(dB[idx], ref[1], rtol=1e-13, atol=1e-15)
+
+
+def test_phi1_at_infinity_and_large_arguments():
+    "Issue 25 item 15: phi1(+inf) was NaN (limit +inf); phi1(-inf) = 0; complex infinities; e^z/z no longer overflows before the value does."
+    import mpmath
+    mpmath.mp.dps = 30
+    inf, nan = math.inf, math.nan
+    for dtype in (torch.float32, torch.float64):
+        assert phi1(torch.tensor([inf, -inf], dtype=dtype)).tolist() == [inf, 0.0]
+    got = phi1(torch.tensor([complex(inf, 0), complex(inf, 1), complex(inf, -2), complex(-inf, 1), complex(-inf, 0), complex(1, inf), complex(-inf, -inf), complex(2, -inf)], dtype=torch.complex128))
+    assert got[0] == complex(inf, 0) and got[1] == complex(inf, inf) and got[2] == complex(-inf, -inf)  # e^z's direction
+    assert (got[3:] == 0).all()  # bounded numerator over an infinite denominator
+    assert torch.isnan(phi1(torch.tensor([nan]))).all()
+    exact = lambda v: complex(mpmath.expm1(mpmath.mpmathify(v)) / mpmath.mpmathify(v))
+    for dtype, zs in [(torch.float32, [40.5, 60.0, 89.0, 92.0]), (torch.float64, [40.5, 60.0, 300.0, 700.0, 709.0]),
+                      (torch.complex64, [50 + 3j, 90 - 1j]), (torch.complex128, [50 + 3j, 600 - 2j, 41 + 100j])]:
+        z = torch.tensor(zs, dtype=dtype)
+        ref = torch.tensor([exact(complex(v)) for v in z.to(torch.complex128).tolist()], dtype=torch.complex128)
+        got = phi1(z).to(torch.complex128)
+        assert torch.isfinite(got.real).all() and ((got - ref).abs() / ref.abs()).max() < 4 * torch.finfo(dtype).eps  # float32 92: was inf
+    assert torch.isinf(phi1(torch.tensor([94.0]))).all()  # e^94/94 = 6.6e38 overflows float32 itself
+    zg = torch.tensor([39.0, 45.0, 80.0], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(phi1, (zg,))
+    assert torch.autograd.gradcheck(phi1, (torch.tensor([45 + 2j, 39 - 1j], dtype=torch.complex128, requires_grad=True),))
+
+
+AUTOCAST_OPS = {
+    "discretize zoh": lambda A, B, lam: discretize(A, B, 0.1),
+    "discretize bilinear": lambda A, B, lam: discretize(A, B[:, None].expand(4, 2), 0.1, "bilinear"),
+    "discretize_diag zoh": lambda A, B, lam: discretize_diag(lam, B, 0.1),
+    "discretize_diag bilinear": lambda A, B, lam: discretize_diag(lam.real, B, 0.1, "bilinear"),
+    "expm1": lambda A, B, lam: expm1(lam), "phi1": lambda A, B, lam: phi1(lam), "phi1 real": lambda A, B, lam: phi1(100 * lam.real),
+}
+
+
+@pytest.mark.parametrize("name", list(AUTOCAST_OPS))
+def test_autocast_is_ignored(name):
+    "Issue 25 item 5: under bfloat16 autocast, float32 inputs are computed in float32: bit-identical to the result without autocast."
+    A, B, _, _ = random_ssm(4, seed=6, dtype=torch.float32)
+    lam = torch.complex(-torch.rand(4, generator=torch.Generator().manual_seed(6)), torch.randn(4, generator=torch.Generator().manual_seed(7)))
+    ref = AUTOCAST_OPS[name](A, B, lam)
+    with torch.autocast("cpu", torch.bfloat16): got = AUTOCAST_OPS[name](A, B, lam)
+    for r, o in zip(ref if isinstance(ref, tuple) else (ref,), got if isinstance(got, tuple) else (got,)):
+        assert o.dtype == r.dtype and torch.equal(o, r)

@@ -31,6 +31,16 @@ CASES = [
     (impulse_response, (A.expand(2, 3, 3), B, C.expand(3, 3), t), ValueError, "C"),
     (step_response, (A.expand(2, 3, 3), B, C, t, torch.zeros(3)), ValueError, "D"),
     (step_response, (A, B, C, t, "0"), TypeError, "D"),
+    (random_ssm, (3, True, float("nan")), ValueError, "margin"),  # issue 25 item 15: NaN gave a NaN A
+    (random_ssm, (3, True, float("inf")), ValueError, "margin"),
+    (random_ssm, (3, True, 0.0), ValueError, "margin"),  # stable needs margin > 0
+    (random_ssm, (3, True, -0.1), ValueError, "margin"),
+    (random_ssm, (3, False, float("nan")), ValueError, "margin"),
+    (random_ssm, (3, True, True), TypeError, "margin"),
+    (random_ssm, (3, True, "0.1"), TypeError, "margin"),
+    (random_ssm, (3, "yes"), TypeError, "stable"),
+    (random_ssm, (3, True, 0.1, 0, torch.int64), TypeError, "dtype"),  # issue 25 item 14: returned integer matrices
+    (random_ssm, (3, True, 0.1, 0, torch.bool), TypeError, "dtype"),
 ]
 
 
@@ -90,3 +100,30 @@ def test_inputs_unchanged_outputs_finite(N, T, batch, layout, dtype, seed):
     assert is_stable(A).all()
     for a, (copy, stride) in zip(args, copies): assert torch.equal(a, copy) and a.stride() == stride
     for o in outs: assert torch.isfinite(torch.view_as_real(o) if o.is_complex() else o).all()
+
+
+def test_random_ssm_margin_and_dtypes():
+    "The rightmost eigenvalue sits at -margin; stable=False ignores a margin of 0; floating and complex dtypes are honoured."
+    for margin in (0.3, 1e-3):
+        torch.testing.assert_close(spectral_abscissa(random_ssm(6, margin=margin, seed=4)[0]), torch.tensor(-margin, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert random_ssm(3, stable=False, margin=0.0)[0].dtype == torch.float64
+    for dtype in (torch.float32, torch.float16, torch.complex64):
+        assert all(x.dtype == dtype for x in random_ssm(3, dtype=dtype))
+
+
+def _autocast_ops():
+    A32, B32, C32, D32 = random_ssm(5, seed=9, dtype=torch.float32)
+    t32 = torch.linspace(0, 2, 7)
+    return {"matrix_exp": lambda: matrix_exp(0.3 * A32), "state_transition": lambda: state_transition(A32, t32),
+            "basis_functions": lambda: basis_functions(A32, B32, t32), "impulse_response": lambda: impulse_response(A32, B32, C32, t32),
+            "step_response": lambda: step_response(A32, B32, C32, t32, D32), "spectral_abscissa": lambda: spectral_abscissa(A32),
+            "is_stable": lambda: is_stable(A32)}
+
+
+@pytest.mark.parametrize("name", list(_autocast_ops()))
+def test_autocast_is_ignored(name):
+    "Issue 25 item 5: under bfloat16 autocast the float32 ops compute in float32, bit for bit (basis_functions, impulse_response and step_response were off by 3e-3)."
+    f = _autocast_ops()[name]
+    ref = f()
+    with torch.autocast("cpu", torch.bfloat16): got = f()
+    assert got.dtype == ref.dtype and torch.equal(got, ref)
