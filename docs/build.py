@@ -10,7 +10,7 @@ copy buttons and live search results (MiniSearch over an index prebuilt here).
     python docs/build.py --out _docs            # the site
     python docs/build.py --readme README.md     # README.md from nbs/index.ipynb
 """
-import argparse, ast, base64, html, json, os, re, shutil, string, struct, subprocess, sys, tempfile
+import argparse, ast, base64, html, importlib, inspect, json, os, re, shutil, string, struct, subprocess, sys, tempfile, unicodedata
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
@@ -181,7 +181,7 @@ def _split_top(s: str, sep: str):
         elif ch in "'\"": quote = ch
         elif ch in "([{": depth += 1
         elif ch in ")]}": depth -= 1
-        elif ch == sep and depth == 0:
+        elif ch == sep and depth <= 0:  # <= : a line may close the bracket that an earlier one opened
             yield s[start:i], True; start = i + 1
     yield s[start:], False
 
@@ -211,6 +211,23 @@ def one_param_per_line(sig: str) -> str:
     return "\n".join([head, *out, *tail])
 
 
+SIG_WIDTH = 80  # a signature that fits in this many characters is shown on one line, a longer one a parameter per line
+
+
+def plain_signature(sig: str, width=SIG_WIDTH) -> str:
+    """A show_doc signature without its docments comments (they go into the parameter table): on one line when it fits
+    in `width` characters, else one parameter per line. nbdev writes a multi-line return comment as bare lines after
+    the closing `)`; they are dropped with it."""
+    lines = one_param_per_line(sig).split("\n")
+    if len(lines) < 3 or not lines[0].endswith("("): return _code_and_comment(lines[0])[0].rstrip()
+    close = next(i for i, l in enumerate(lines) if i > 0 and not l.startswith("    "))
+    params = [_code_and_comment(l[4:])[0].strip() for l in lines[1:close] if not l[4:].lstrip().startswith("#")]
+    params = [p.rstrip(",") for p in params if p.rstrip(",")]
+    end = _code_and_comment(lines[close])[0].rstrip()
+    one = lines[0] + ", ".join(params) + end
+    return one if len(one) <= width or not params else "\n".join([lines[0], *(f"    {p}," for p in params[:-1]), f"    {params[-1]}", end])
+
+
 def _is_class(source_url: str) -> bool:
     "Does nbdev's source link (`.../blob/<branch>/<path>#L<n>`) point at a `class` statement in this checkout?"
     m = re.search(r"/blob/[^/]+/(.+?)#L(\d+)$", source_url)
@@ -220,26 +237,108 @@ def _is_class(source_url: str) -> bool:
     return stmt.startswith("class ")
 
 
+def api_object(source_url: str, name: str):
+    """The object a show_doc entry documents: its module from nbdev's source link (`.../blob/<branch>/pkg/mod.py#L<n>`),
+    its qualified name (`Mamba.forward`) from the entry's heading."""
+    m = re.search(r"/blob/[^/]+/(.+?)\.py#L\d+$", source_url)
+    try:
+        if not m: raise ValueError("the source link names no Python file")
+        obj = importlib.import_module(m[1].replace("/", "."))
+        for part in name.replace("\\", "").split("."): obj = getattr(obj, part)
+        return obj
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"show_doc entry {name!r} (source {source_url}): cannot import the object for its parameter table: {e}") from e
+
+
+def _type_str(anno) -> str:
+    "An annotation as show_doc writes it in the signature (`int | None`, `torch.Tensor`); '' for none, or None's own type."
+    from fastcore.docments import ann_parts
+    anno = ann_parts(anno)[0]
+    if anno is inspect.Parameter.empty or anno is type(None): return ""
+    return inspect.formatannotation(anno).removeprefix("typing.").strip("'")
+
+
+def _default_str(v) -> str:
+    "A default value as show_doc writes it."
+    if v is inspect.Parameter.empty: return ""
+    return v.__name__ if hasattr(v, "__name__") else repr(v)
+
+
+def param_rows(obj) -> list[tuple]:
+    """(name, type, default, description) of each parameter of `obj` (a class: its `__init__`), then (None, type, '',
+    description) for the result when it is annotated or described, from fastcore's `docments`, which show_doc reads too.
+    With `args_kwargs=True`, so that the comment after `**kwargs,` is that parameter's and not the return's."""
+    from fastcore.docments import docments
+    if not hasattr(obj, "__signature__"): obj = getattr(obj, "__wrapped__", obj)
+    if isinstance(obj, property): obj = obj.fget
+    dm = docments(obj, full=True, args_kwargs=True)
+    star = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    rows = [(star.get(d.get("kind"), "") + k, _type_str(d["anno"]), _default_str(d["default"]), " ".join((d["docment"] or "").split()))
+            for k, d in dm.items() if k not in ("self", "return")]
+    ret = dm.get("return")
+    if ret and not inspect.isclass(obj) and (_type_str(ret["anno"]) or ret["docment"]):
+        rows.append((None, _type_str(ret["anno"]), "", " ".join((ret["docment"] or "").split())))
+    return rows
+
+
+def _width(s: str) -> int:
+    "Columns a string takes in a grid table, as pandoc counts them: wide characters 2, combining marks 0."
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in s)
+
+
+def _code(s: str) -> str:
+    "`s` as an inline code span (fenced with more backticks than it contains)."
+    ticks = "`" * (max((len(m) for m in re.findall(r"`+", s)), default=0) + 1)
+    return f"{ticks} {s} {ticks}" if s.startswith("`") or s.endswith("`") else f"{ticks}{s}{ticks}"
+
+
+def param_table(rows, linkify=lambda md: md) -> str:
+    """The parameters as a pandoc grid table, nbdev's columns (Type and Default only when some row has one), each
+    description Markdown with its math typeset like the page's. A grid table, as a pipe table would split a cell at a
+    `|` in code (`int | None`) or math (`|x|`). Empty when no parameter and no result is described."""
+    if not any(d for *_, d in rows): return ""
+    cols = [("Parameter", 0), *[(h, i) for h, i in (("Type", 1), ("Default", 2)) if any(r[i] for r in rows)], ("Description", 3)]
+    def cell(r, i):
+        if i == 3: return linkify(r[3]) if r[3] else ""
+        if i == 0: return "**Returns**" if r[0] is None else _code(r[0])
+        return _code(r[i]) if r[i] else ""
+    body = [[h for h, _ in cols]] + [[cell(r, i) for _, i in cols] for r in rows]
+    widths = [max(_width(row[j]) for row in body) for j in range(len(cols))]
+    line = lambda ch: "+" + "+".join(ch * (w + 2) for w in widths) + "+"
+    fmt = lambda row: "| " + " | ".join(c + " " * (w - _width(c)) for c, w in zip(row, widths)) + " |"
+    head = "+" + "+".join(":" + "=" * (w + 1) for w in widths) + "+"
+    return "\n".join([line("-"), fmt(body[0]), head, *(x for row in body[1:] for x in (fmt(row), line("-")))])
+
+
 _re_showdoc = re.compile(r"\A\s*---\s*\n+\[source\]\((?P<url>[^)]+)\)\{[^}]*\}\s*\n+(?P<h>#{2,6}) (?P<name>[^\n]+)\n+"
                          r"```python\n(?P<sig>.*?)\n```[ \t]*\n?(?P<rest>.*)\Z", re.S)
 
 
-def api_entry(md: str) -> str:
-    """Tidy one show_doc entry: `class` for classes, one parameter per line, `=None` for unannotated None defaults,
-    the source link under the heading, and the docstring's first line without nbdev's `*...*` wrapper
-    (which a `*` in the docstring would end early)."""
+def api_entry(md: str, resolve=api_object, linkify=lambda md: md) -> str:
+    """Tidy one show_doc entry, as nbdev sites show one: the signature without comments (`class` for classes, `=None`
+    for unannotated None defaults), the source link under the heading, the docstring (its first line without nbdev's
+    `*...*` wrapper, which a `*` in the docstring would end early), then a table of the parameters and the result
+    with their docments. `resolve(source_url, name)` gives the documented object."""
     m = _re_showdoc.match(md)
     if not m: return md
     sig = m["sig"]
     if _is_class(m["url"]): sig = re.sub(r"^def ", "class ", sig)
-    sig = one_param_per_line(re.sub(r":\s*NoneType\s*=\s*None\b", "=None", sig))
+    sig = plain_signature(re.sub(r":\s*NoneType\s*=\s*None\b", "=None", sig))
     sig = re.sub(r"\b__main__\.", "", sig)  # a type defined in the notebook itself: nbdev's processing runs it as __main__
-    rest = m["rest"].lstrip("\n")
+    rest = m["rest"].strip("\n")
     first, nl, after = rest.partition("\n")
     if len(first.strip()) > 2 and first.lstrip().startswith("*") and first.rstrip().endswith("*"):
         rest = f"::: {{.doc-summary}}\n{first.strip()[1:-1]}\n:::\n{nl}{after}"
+    table = param_table(param_rows(resolve(m["url"], m["name"])), linkify)
+    table = f"\n\n::: {{.params}}\n{table}\n:::" if table else ""
     return (f"{m['h']} {m['name']} {{.api}}\n\n[source]({m['url']}){{.api-source}}\n\n"
-            f"```python\n{sig}\n```\n\n{rest}")
+            f"```python\n{sig}\n```\n\n{rest}{table}\n")
+
+
+def _linkify(md: str) -> str:
+    "Backticked names that nbdev knows become links to their API entries, as nbdev's processing links the rest of a page."
+    from nbdev.doclinks import NbdevLookup
+    return NbdevLookup().linkify(md)
 
 
 def nb_to_markdown(nb: dict, link_fn, images: Images, wrap_outputs=True) -> tuple[dict, str]:
@@ -272,7 +371,7 @@ def nb_to_markdown(nb: dict, link_fn, images: Images, wrap_outputs=True) -> tupl
             for o in _merge_streams(cell.get("outputs", [])):
                 md = _output_md(o, images, fig, asis=asis)
                 if not md: continue
-                if asis and re.match(r"\s*show_doc\(", code): md = api_entry(md)
+                if asis and re.match(r"\s*show_doc\(", code): md = api_entry(md, linkify=_linkify)
                 if asis or "text/markdown" in o.get("data", {}) or "text/html" in o.get("data", {}): md = link_fn(md)
                 outs.append(md)
             if outs and wrap_outputs and not asis: out.append('<div class="cell-output">\n\n' + "\n\n".join(outs) + "\n\n</div>")
@@ -484,6 +583,12 @@ def table_labels(body: str) -> str:
     return re.sub(r"<table\b.*?</table>", one, body, flags=re.S)
 
 
+def param_tables(body: str) -> str:
+    "The API entries' parameter tables size their columns to their content: pandoc's widths come from the Markdown's layout."
+    def one(m): return re.sub(r'<table style="width:[^"]*">', "<table>", re.sub(r"<colgroup>.*?</colgroup>\s*", "", m[0], flags=re.S))
+    return re.sub(r'<div class="params">.*?</div>', one, body, flags=re.S)
+
+
 def _permalinks(body: str) -> str:
     "A `#` link in each section heading, pointing at the section (pandoc puts the id on the `<section>`)."
     pat = re.compile(r'(<section id="(?P<id>[^"]+)"[^>]*>\s*<h(?P<lvl>[1-6])[^>]*>)(?P<text>.*?)</h(?P=lvl)>', re.S)
@@ -499,7 +604,7 @@ def render_page(page, pages, i, cfg, theme, fragment) -> str:
     "One finished HTML page."
     md, images = page["md"], page["images"]
     title, description, toc, body = (tidy_mathml(s) for s in _pandoc_html(md, theme, fragment))
-    body = images.restore(_permalinks(table_labels(body)))
+    body = images.restore(_permalinks(table_labels(param_tables(body))))
     nb = page["nb"]
     colab = f"https://colab.research.google.com/github/{cfg.user}/{cfg.repo}/blob/{cfg.branch}/{cfg.nbs_path.name}/{nb.name}"
     source = (f'Source notebook: <a href="nbs/{nb.name}" download>{cfg.nbs_path.name}/{nb.name}</a>'
@@ -520,45 +625,118 @@ def render_page(page, pages, i, cfg, theme, fragment) -> str:
 
 
 # ---------------------------------------------------------------- search
+# Search snippets are plain text: each formula is written out from its MathML as a reader would type it ("c′ = Ac + Bu",
+# "x_(k−1)", "10⁻³", "(a)/(b)"), not as its TeX source.
+_SPACED = set("=≠≤≥<>≈∼≃≡→←↦⇒∈∉⊂⊆+−×·⋅∘⊙±∓") | {":=", "+=", "≪", "≫"}
+_SUP = dict(zip("0123456789+−=()n", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁿ"))
+_SUB = dict(zip("0123456789+−=()", "₀₁₂₃₄₅₆₇₈₉₊₋₌₍₎"))
+# an accent over one letter as the combining mark that puts it there ("P̃", "Ā"); MathML spells it either way
+_ACCENTS = {"¯": "\u0304", "‾": "\u0304", "~": "\u0303", "˜": "\u0303", "^": "\u0302", "ˆ": "\u0302", "˙": "\u0307",
+            "¨": "\u0308", "ˇ": "\u030c", "˘": "\u0306", "→": "\u20d7"}
+_ACCENTS.update({c: c for c in "\u0304\u0303\u0302\u0307\u0308\u030c\u0306\u20d7"})
+_BIG_OPS = set("∑∏∐∫∬∮⋃⋂⋁⋀")
+
+
+def _group(t: str) -> str:
+    "A sub-formula as one unit: in parentheses unless it is a single symbol, number or name."
+    return t if re.fullmatch(r"[\w.′″∗*⊤]+", t) or (t.startswith("(") and t.endswith(")") and t.count("(") == 1) else f"({t})"
+
+
+def _script(base: str, s: str, table: dict, mark: str) -> str:
+    if s in ("′", "″", "‴", "∗", "*", "⊤", "†") and mark == "^": return base + s
+    if s and all(c in table for c in s): return base + "".join(table[c] for c in s)
+    return f"{base}{mark}{_group(s)}" if s else base
+
+
+def math_text(el) -> str:
+    "A MathML element (xml.etree) as plain readable text."
+    tag, kids = _local(el), list(el)
+    t = lambda k: math_text(k)
+    if tag == "annotation" or tag == "annotation-xml" or tag == "mphantom": return ""
+    if tag == "semantics": return t(kids[0]) if kids else ""
+    if tag in ("mi", "mn", "mtext", "ms", "mo"):
+        op = (el.text or "").strip()
+        if op == "\u2061": return ""  # function application: the name and its argument stay as written
+        if op in _SPACED: return f" {op} "  # pandoc writes a formula's leading sign as <mi>: an operator all the same
+        return op + " " if op in (",", ";") else (el.text or "")
+    if tag == "mspace": return " " if not re.match(r"\s*-", el.get("width", "")) else ""
+    if tag == "mfrac" and len(kids) == 2: return f"{_group(t(kids[0]).strip())}/{_group(t(kids[1]).strip())}"
+    if tag == "msqrt": return "√" + _group("".join(map(t, kids)).strip())
+    if tag == "mroot" and len(kids) == 2: return f"{_group(t(kids[1]).strip())}√{_group(t(kids[0]).strip())}"
+    if tag in ("msub", "msup", "msubsup", "munder", "mover", "munderover") and kids:
+        base, scripts = t(kids[0]), [re.sub(r"\s+", "", t(k)) for k in kids[1:]]
+        if tag == "mover" and len(scripts) == 1 and scripts[0] in _ACCENTS and len(base.strip()) == 1:
+            return base.strip() + _ACCENTS[scripts[0]]
+        if tag in ("munder", "mover") and len(scripts) == 1 and scripts[0] in ("⏟", "⏞", "_", "‾", "¯"): return base
+        sub = scripts[0] if tag in ("msub", "msubsup", "munder", "munderover") else ""
+        sup = scripts[-1] if tag in ("msup", "msubsup", "mover", "munderover") else ""
+        res = _script(_script(base, sub, _SUB, "_"), sup, _SUP, "^")
+        return res + " " if base.strip() in _BIG_OPS else res
+    if tag == "mtable":
+        rows = [" ".join(t(c) for c in tr) for tr in kids]
+        return "; ".join(r.strip() for r in rows if r.strip())
+    parts = [t(k) for k in kids]
+    if tag == "mrow" and parts and parts[0].strip() in ("−", "+", "±", "∓"): parts[0] = parts[0].strip()  # a sign: "−x"
+    return "".join(parts)
+
+
+def formula_text(mathml: str) -> str:
+    "A whole `<math>` element as one line of plain text; its TeX when it is not well-formed XML."
+    try: return re.sub(r"\s+", " ", math_text(ET.fromstring(mathml))).strip()
+    except ET.ParseError:
+        tex = re.search(r'<annotation encoding="application/x-tex">(.*?)</annotation>', mathml, re.S)
+        return html.unescape(tex[1]) if tex else ""
+
+
+def greek_names(text: str) -> str:
+    "The names of the Greek letters in `text` ('Δ λ' -> 'delta lambda'): search finds a formula's Δ by the word delta."
+    names = {unicodedata.name(c, "").split(" LETTER ")[-1].split()[0].lower() for c in text if unicodedata.name(c, "").startswith("GREEK ")}
+    return " ".join(sorted({"lamda": "lambda"}.get(n, n) for n in names if n.isalpha() and len(n) > 1))
+
+
 class _Sections(HTMLParser):
-    """Split a rendered page into searchable sections: anchor, heading, prose, formulas' TeX and an API entry's
-    signature (other code and the outputs left out)."""
+    """Split a rendered page into searchable sections: anchor, heading, prose (formulas as plain text, see `math_text`)
+    and an API entry's signature and parameter table (other code and the outputs left out)."""
     void = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
-    skipped = {"pre", "math", "script", "style", "figure"}
+    skipped = {"pre", "script", "style", "figure"}
     def __init__(self):
-        super().__init__(); self.docs = [{"a": "", "t": "", "x": []}]; self.open = []  # (tag, skip, section id, api)
+        super().__init__(); self.docs = [{"a": "", "t": "", "x": []}]; self.open = []  # (tag, skip, section id, api or params)
     def handle_starttag(self, tag, attrs):
         if tag in self.void: return
         a = dict(attrs); cls = set((a.get("class") or "").split())
         skip = tag in self.skipped or bool(cls & {"anchor", "cell-output", "api-source"})
+        if tag == "thead" and any(t == "div" and p for t, _, _, p in self.open): skip = True  # "Parameter Type ...": no words
         in_api = next((api for t, _, _, api in reversed(self.open) if t == "section"), False)
         if tag == "pre" and in_api and not self.docs[-1].get("sig"): skip = self.docs[-1]["sig"] = False  # the signature
-        self.open.append((tag, skip, a.get("id") if tag == "section" else None, tag == "section" and "api" in cls))
+        self.open.append((tag, skip, a.get("id") if tag == "section" else None,
+                          tag == "section" and "api" in cls or tag == "div" and "params" in cls))
         if re.fullmatch(r"h[1-6]", tag):
             self.docs.append({"a": next((i for _, _, i, _ in reversed(self.open) if i), ""), "t": "", "x": []})
+        elif tag in ("td", "th", "li", "p", "div", "tr"): self.docs[-1]["x"].append(" ")  # cells and blocks: words apart
     def handle_endtag(self, tag):
         if tag == "pre" and self.docs[-1].get("sig") is False: self.docs[-1]["sig"] = True
         if any(t == tag for t, _, _, _ in self.open):
             while self.open.pop()[0] != tag: pass
     def handle_data(self, data):
-        skipping = [t for t, s, _, _ in self.open if s]
-        if skipping and not (skipping == ["math"] and self.open[-1][0] == "annotation"): return  # a formula: its TeX
+        if any(s for _, s, _, _ in self.open): return
         d = self.docs[-1]
         if any(re.fullmatch(r"h[1-6]", t) for t, _, _, _ in self.open): d["t"] += data
         else: d["x"].append(data)
 
 
 def search_docs(pages, out: Path):
-    "The search index: one record per section of every page (heading, page, anchor, prose)."
+    "The search index: one record per section of every page (heading, page, anchor, prose; `k`: the Greek letters' names)."
     docs = []
     for p in pages:
         article = re.search(r"<article>(.*)</article>", (out / p["name"]).read_text(), re.S)[1]
+        article = re.sub(r"<math\b.*?</math>", lambda m: html.escape(formula_text(m[0]), quote=False), article, flags=re.S)
         parser = _Sections(); parser.feed(article)
         for d in parser.docs:
             text = re.sub(r"\s+", " ", "".join(d["x"])).strip()
             title = re.sub(r"\s+", " ", d["t"]).strip() or p["label"]
             if not (text or d["a"]): continue
             docs.append({"id": len(docs), "p": p["name"], "a": d["a"], "pt": p["label"], "t": title, "x": text})
+            if k := greek_names(title + " " + text): docs[-1]["k"] = k
     return docs
 
 

@@ -33,7 +33,7 @@
   }
   function ready() {
     if (!engine) engine = Promise.all([load("vendor/minisearch.js"), load("search-index.js")]).then(function () {
-      var ms = new MiniSearch({ fields: ["t", "x"], searchOptions: { boost: { t: 3 }, prefix: true, fuzzy: 0.2, combineWith: "AND" } });
+      var ms = new MiniSearch({ fields: ["t", "x", "k"], searchOptions: { boost: { t: 3 }, prefix: true, fuzzy: 0.2, combineWith: "AND" } });
       ms.addAll(window.SSM_SEARCH_DOCS);
       return ms;
     });

@@ -5,6 +5,7 @@ search, working internal links, and a README in sync with nbs/index.ipynb.
 The browser checks run in headless Chromium (Debian: `apt-get install chromium-headless-shell`). Without it they are
 skipped, unless SSM_COURSE_REQUIRE_BROWSER=1 (as `.ci/run` sets), where a missing browser is an error."""
 import html, html.parser, json, math, re, subprocess, sys, tempfile
+import torch
 from pathlib import Path
 import pytest
 import conftest
@@ -475,11 +476,100 @@ def test_api_entry_robust_to_star_in_docstring():
     "nbdev wraps a docstring's first line in `*...*`; a `*` inside it must not garble the entry."
     md = ("---\n\n[source](https://github.com/ssm-course/ssm_course/blob/main/ssm_course/layers.py#L1){target=\"_blank\" style=\"float:right\"}\n\n"
           "### g\n\n```python\ndef g(\n    x:NoneType=None, y:int=2\n):\n```\n\n*A P P^* V^* term, and $a*b$ with `x*y`.*\n\nMore text.")
-    out = build.api_entry(md)
-    assert "### g {.api}" in out and "    x=None,\n    y:int=2\n" in out
+    def g(x=None, y:int=2): pass
+    out = build.api_entry(md, resolve=lambda url, name: g)
+    assert "### g {.api}" in out and "def g(x=None, y:int=2):\n" in out
     html_ = build.pypandoc.convert_text(out, "html5", format="markdown", extra_args=["--mathml"])
     summary = re.search(r'<div class="doc-summary">(.*?)</div>', html_, re.S)[1]
     assert "<em>" not in summary and "P P^* V^* term" in summary and "<math" in summary and "<code>x*y</code>" in summary
+
+
+def _documented(
+    x:torch.Tensor, # input, $|x|$ bounded by $\|M\|$, (..., N)
+    n:int | None=None, # `int | None`: a pipe in code
+    # described on the lines above,
+    # on two lines
+    m=3,
+    *rest, # more inputs
+    **kw, # options, $c' = Ac + Bu$
+)->torch.Tensor: # $e^{x}$, (..., N)
+    "A function with docments, as the course writes them."
+
+
+def test_parameter_table():
+    """An API entry shows the signature without comments, then its parameters as a table (name, type, default,
+    description) and the result, each description's math typeset: the source's comments, read by fastcore's docments."""
+    md = ("---\n\n[source](https://github.com/ssm-course/ssm_course/blob/main/ssm_course/ssm.py#L1){target=\"_blank\"}\n\n"
+          "### _documented\n\n```python\ndef _documented(\n    x:torch.Tensor, # input, $|x|$ bounded by $\\|M\\|$, (..., N)\n"
+          "    n:int | None=None, # `int | None`: a pipe in code\n    m:int=3,\n    *rest, # more inputs\n"
+          "    **kw\n)->torch.Tensor: # $e^{x}$, (..., N)\n```\n\n*A function with docments.*\n")
+    out = build.api_entry(md, resolve=lambda url, name: _documented)
+    sig = re.search(r"```python\n(.*?)\n```", out, re.S)[1]
+    assert sig == ("def _documented(\n    x:torch.Tensor,\n    n:int | None=None,\n    m:int=3,\n    *rest,\n    **kw\n"
+                   ")->torch.Tensor:"), sig  # over 80 characters on one line: a parameter per line
+    assert build.plain_signature("def f(\n    a:int=1, # one\n    b=2\n)->int: # result") == "def f(a:int=1, b=2)->int:"
+    html_ = build.param_tables(build.tidy_mathml(build.pypandoc.convert_text(out, "html5", format="markdown", extra_args=["--mathml"])))
+    table = re.search(r'<div class="params">\s*<table>(.*?)</table>', html_, re.S)[1]
+    assert "<colgroup>" not in table
+    heads = [re.sub(r"<[^>]+>", "", h) for h in re.findall(r"<th\b[^>]*>(.*?)</th>", table, re.S)]
+    assert heads == ["Parameter", "Type", "Default", "Description"], heads
+    rows = [[c.strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)] for r in re.findall(r"<tr>(.*?)</tr>", table.split("</thead>")[1], re.S)]
+    text = lambda c: re.sub(r"\s+", " ", re.sub(r"<annotation.*?</annotation>|<[^>]+>", "", c)).strip()
+    assert [text(r[0]) for r in rows] == ["x", "n", "m", "*rest", "**kw", "Returns"]
+    assert [text(r[1]) for r in rows] == ["torch.Tensor", "int | None", "int", "", "", "torch.Tensor"]
+    assert [text(r[2]) for r in rows] == ["", "None", "3", "", "", ""]
+    assert text(rows[1][3]) == "int | None: a pipe in code" and "<code>int | None</code>" in rows[1][3]
+    assert text(rows[2][3]) == "described on the lines above, on two lines"
+    assert rows[0][3].count("<math") == 2 and "\u2016" in rows[0][3] and "|" in rows[0][3]  # |x| and the norm, typeset
+    assert "c' = Ac + Bu</annotation>" in rows[4][3] and rows[4][3].count("<math") == 1  # **kw's comment: its own, not the result's
+    assert "e^{x}" in rows[5][3] and "<math" in rows[5][3] and "$" not in text(table)
+    assert build.param_table(build.param_rows(lambda a, b=1: None)) == ""  # nothing described: no table
+
+
+def test_api_entries_have_parameter_tables(site):
+    """Every API entry's signature is plain code (no docments comments, 91 of which held raw TeX), and each entry with
+    docments has its parameter table, math typeset: e.g. the return of `hippo` with c′ = Ac + Bu."""
+    entries = tables = 0
+    for page in pages_of(site):
+        s = page.read_text()
+        for sid, sec in re.findall(r'<section id="([^"]+)" class="level\d api">(.*?)</section>', s, re.S):
+            entries += 1
+            sig = html.unescape(re.sub(r"<[^>]+>", "", re.search(r"<pre\b.*?</pre>", sec, re.S)[0]))
+            assert "#" not in sig, f"{page.name}#{sid}: comment in the signature: {sig}"
+            if 'class="params"' in sec:
+                tables += 1
+                table = re.search(r'<div class="params">(.*?)</div>', sec, re.S)[1]
+                assert "$" not in re.sub(r"<annotation.*?</annotation>", "", table), f"{page.name}#{sid}: untypeset TeX"
+    assert entries >= 100 and tables >= entries - 5, (entries, tables)
+    hippo = re.search(r'<section id="hippo" class="level3 api">(.*?)</section>', (site / "hippo.html").read_text(), re.S)[1]
+    ret = re.search(r"<tr>\s*<td[^>]*><strong>Returns</strong></td>(.*?)</tr>", hippo, re.S)[1]
+    assert re.search(r"<msup><mi>c</mi>|<mi>c</mi><mo[^>]*>\u2032</mo>", ret) and "tuple[torch.Tensor, torch.Tensor]" in ret
+
+
+def search_records(site):
+    js = (site / "search-index.js").read_text()
+    return json.loads(re.search(r"window\.SSM_SEARCH_DOCS = (.*);\s*$", js, re.S)[1])
+
+
+def test_search_snippets_plain_text(site):
+    "Search records hold plain text: formulas written out from their MathML (c′ = Ac + Bu), no TeX commands, no `$`."
+    docs = search_records(site)
+    text = " ".join(d["t"] + " " + d["x"] for d in docs)
+    tex = re.findall(r"\\[a-zA-Z]+|\$", text)
+    assert not tex, f"{len(tex)} TeX commands or dollars in search-index.js, e.g. {tex[:10]}"
+    assert "c′ = Ac + Bu" in text and "x_k = A\u0304x_(k−1) + B\u0304u_k" in text
+    assert any("delta" in d.get("k", "").split() for d in docs)  # a formula's Δ is found by the word
+
+
+def test_formula_text():
+    "MathML as a reader would type it: fractions, scripts, accents, primes, tables."
+    def t(tex): return build.formula_text(re.search(r"<math\b.*?</math>", build.tidy_mathml(build.pypandoc.convert_text(
+        f"${tex}$", "html5", format="markdown", extra_args=["--mathml"])), re.S)[0])
+    assert t(r"c' = Ac + Bu") == "c′ = Ac + Bu" and t(r"\frac{a}{b+1}") == "a/(b + 1)" and t(r"10^{-3} \le x_{k-1}") == "10⁻³ ≤ x_(k−1)"
+    assert t(r"\tilde P \hat y \bar A^l") == "P\u0303y\u0302A\u0304^l" and t(r"\sum_{k=0}^{L} x_k") == "∑_(k=0)^L x_k"
+    assert t(r"-x + \mathrm{diag}(\lambda), \log_2 L") == "−x + diag(λ), log₂ L"
+    assert t(r"\begin{aligned} a &= b\\ c &= d \end{aligned}") == "a = b; c = d"
+    assert build.greek_names("Δt ≤ λ, Λ") == "delta lambda"
 
 
 def test_heading_permalinks(site):
