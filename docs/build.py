@@ -801,7 +801,24 @@ def build_site(out: Path, n_workers=0):
         p["images"].save(out)
     _unlink_missing_anchors(out)
     write_search(pages, out, cfg, pages)
+    write_markdown(pages, out, cfg)
     return out
+
+
+def write_markdown(pages, out: Path, cfg):
+    """Each page's Markdown beside it as `<page>.html.md` (nbdev's convention, which the `Docs:` line of each module's
+    docstring points to): the text the page is rendered from, math as TeX, figures as the page's image files. And
+    `llms.txt` (llmstxt.org) listing them, with the site's title and description."""
+    for p in pages: (out / (p["name"] + ".md")).write_text(p["images"].restore(p["md"]))
+    home = next(p for p in pages if p["nb"].name == cfg.readme_nb)
+    url = cfg.doc_url.rstrip("/") + "/" if cfg.doc_url else ""  # absolute: llms.txt is read on its own
+    def item(p):
+        desc = _plain(str(p["meta"].get("description", "")))
+        return f"- [{p['num'] + ' · ' if p['num'] else ''}{p['label']}]({url}{p['name']}.md)" + (f": {desc}" if desc else "")
+    desc = _plain(str(home["meta"].get("description", "")))
+    (out / "llms.txt").write_text(f"# {cfg.title}\n\n" + (f"> {desc}\n\n" if desc else "") +
+                                  "Each page of the course as Markdown (math as TeX), in course order.\n\n## Course\n\n"
+                                  + "\n".join(item(p) for p in pages) + "\n")
 
 
 def _unlink_missing_anchors(out: Path):

@@ -614,6 +614,29 @@ def test_internal_links_resolve(site):
             if anchor: assert anchor in parsed[target].ids, f"{name}: missing anchor {url}"
 
 
+def test_docstring_docs_links_resolve(site):
+    """The `Docs:` line nbdev writes into each module's docstring (`<doc_url><page>.html.md`) names a file the build writes:
+    the page's Markdown, math as TeX; llms.txt lists every page's Markdown, in course order."""
+    from nbdev.config import get_config
+    doc_url = get_config().doc_url.rstrip("/") + "/"
+    urls = {p.name: re.findall(r"Docs: (\S+?)(?:\"\"\"|\s|$)", p.read_text()) for p in sorted((ROOT / "ssm_course").glob("*.py"))}
+    urls = {k: v for k, v in urls.items() if v}
+    assert len(urls) >= 10, urls
+    for mod, (url, *more) in urls.items():
+        assert not more and url.startswith(doc_url), (mod, url)
+        target = site / url[len(doc_url):]
+        assert target.name.endswith(".html.md") and target.is_file(), f"{mod}: {url} is not written by the build"
+        md = target.read_text()
+        assert md.startswith("---\ntitle:") or "\ntitle:" in md.split("---")[1], (mod, md[:80])
+        assert "ssm-img:" not in md, mod  # figures as the image files beside the page
+    pages = [build.page_name(nb) for nb in build.notebooks(ROOT / "nbs")]
+    assert sorted(p.name for p in site.glob("*.html.md")) == sorted(p + ".md" for p in pages)
+    llms = (site / "llms.txt").read_text()
+    assert llms.startswith("# ssm_course\n\n> ") and re.findall(r"\]\(([^)]+)\)", llms) == [doc_url + p + ".md" for p in pages]
+    ssm = (site / "ssm.html.md").read_text()  # the text the page renders: the API table's TeX, which the HTML typesets
+    assert "### matrix_exp {.api}" in ssm and "$e^M$" in ssm and "<math" in (site / "ssm.html").read_text()
+
+
 def test_readme_in_sync(tmp_path):
     "README.md is committed and must equal what `make docs` regenerates from nbs/index.ipynb."
     subprocess.run([sys.executable, str(ROOT / "docs" / "build.py"), "--readme", str(tmp_path / "README.md")], cwd=ROOT, check=True, capture_output=True)
