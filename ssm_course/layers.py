@@ -83,10 +83,13 @@ def _log_dA(layer):
     return torch.exp(layer.log_dt.double())[:, None] * torch.complex(-torch.exp(layer.log_neg_re.double()), layer.im.double())
 
 def _check_dt_range(dt_min, dt_max):
-    "Check the initial step range: finite, $0 < \\Delta_{\\min} \\le \\Delta_{\\max}$."
+    "Check the initial step range: $10^{-30} \\le \\Delta_{\\min} \\le \\Delta_{\\max} \\le 10^{30}$, so that float32 holds $\\Delta$, $2/\\Delta$ and $\\Delta\\lambda$ with room to spare."
     for value, name in ((dt_min, "dt_min"), (dt_max, "dt_max")):
-        if not (math.isfinite(_check_real(value, name)) and value > 0): raise ValueError(f"{name} must be positive and finite, got {value}")
+        if not 1e-30 <= _check_real(value, name) <= 1e30:  # NaN fails too
+            raise ValueError(f"{name} must be positive and finite, between 1e-30 and 1e30 (the layer keeps steps in float32), got {value}")
     if dt_min > dt_max: raise ValueError(f"need dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+
+_R_MAX = 1 - 2 ** -24  # the largest float32 below 1: the LRU's largest initial |lambda| (a larger one is stored as 1)
 
 def _check_d_state(d_state, init):
     "Check the state size: at least 1 for `\"real\"`, an even number of at least 2 for the conjugate-pair inits."
@@ -352,7 +355,8 @@ class LRU(nn.Module):
         super().__init__()
         H = self.d_model = check_size(d_model, "d_model")
         N = H if d_state is None else check_size(d_state, "d_state")
-        if not 0 <= _check_real(r_min, "r_min") <= _check_real(r_max, "r_max") < 1: raise ValueError(f"need 0 <= r_min <= r_max < 1 (eigenvalues inside the unit circle), got r_min={r_min}, r_max={r_max}")
+        if not 0 <= _check_real(r_min, "r_min") <= _check_real(r_max, "r_max") <= _R_MAX:
+            raise ValueError(f"need 0 <= r_min <= r_max <= 1 - 2**-24 (eigenvalues inside the unit circle, also once rounded to float32), got r_min={r_min}, r_max={r_max}")
         if not 0 < _check_real(max_phase, "max_phase") <= 2 * math.pi: raise ValueError(f"max_phase must be in (0, 2 pi], got {max_phase}")
         u1, u2 = torch.rand(N, dtype=torch.float64), torch.rand(N, dtype=torch.float64)
         r2 = (u1 * (r_max ** 2 - r_min ** 2) + r_min ** 2).clamp(min=torch.finfo(torch.float32).tiny)  # |lambda|^2; a radius 0 becomes 1e-19: nu stays finite

@@ -1,5 +1,5 @@
 """ssm_course.layers: shapes, step == forward, state carrying, gradients, causality, precision, bad input, torch.compile, param groups."""
-import copy, math, pickle, pytest, torch
+import copy, itertools, math, pickle, pytest, torch
 from ssm_course.layers import LAYERS, SequenceModel, ssm_param_groups, S4D, S4, LRU, Mamba, dplr_bilinear_step
 from ssm_course.discretize import discretize
 from ssm_course.hippo import dplr
@@ -423,3 +423,44 @@ def test_diagonal_kernel_is_accurate_near_the_unit_circle(cls):
     Cs = c128(layer.W) if cls is DSS else 2 * c128(layer.C)
     free = ((Cs * x0[0].to(torch.complex128))[..., None] * powers * torch.exp(z)[..., None]).sum(-2).real.detach()
     assert _rel(y, free) < 1e-6
+
+
+from hypothesis import given, settings, strategies as st, HealthCheck
+_ODD = [math.nan, math.inf, -math.inf, 0.0, -1.0, 1e-300, 1e-45, 1e-38, 1e-31, 1e-30, 1e-3, 0.5, 1.0, 1.5, 1e30, 1e31, 1e38, 1e300,
+        True, "0.1", None, torch.tensor(0.01), 0, 1]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(cls=st.sampled_from([S4D, S4, DSS, Mamba]), dt_min=st.sampled_from(_ODD), dt_max=st.sampled_from(_ODD))
+def test_fuzz_step_range_is_refused_or_works(cls, dt_min, dt_max):
+    "Fuzz: a constructor either refuses (dt_min, dt_max) with a ValueError/TypeError naming one of them, or builds a layer with finite "
+    "parameters whose forward and step are finite. Found: 1e-300 (positive, finite) was accepted and stored as dt = 0 (then 'dt must be "
+    "positive' naming an internal dt; Mamba's bias -inf), 1e300 as inf, 1e-38 gave S4 non-finite outputs: steps are now in [1e-30, 1e30]."
+    torch.manual_seed(0)
+    try: layer = cls(3, d_state=4, dt_min=dt_min, dt_max=dt_max)
+    except (ValueError, TypeError) as e:
+        assert "dt_min" in str(e) or "dt_max" in str(e), str(e)
+        return
+    assert all(torch.isfinite(p).all() for p in layer.parameters())
+    x = torch.randn(2, 9, 3)
+    with torch.no_grad(): y, (y_t, _) = layer(x), layer.step(x[:, 0], layer.initial_state(2))
+    assert torch.isfinite(y).all() and torch.isfinite(y_t).all()
+
+
+_RADII = [math.nan, math.inf, -math.inf, -1e-9, 0.0, 1e-300, 0.5, 0.999, 1 - 2 ** -24, 1 - 1e-9, 1.0, True, "0.5", None, 0]
+
+
+def test_fuzz_lru_radii_are_refused_or_stable():
+    "Fuzz, every pair of odd radii: LRU(r_min, r_max) refuses with an error naming r_min/r_max, or has finite parameters, |lambda| < 1 "
+    "in float32, finite outputs and gradients. Found: r_max = 1 - 1e-9 (< 1) gave |lambda| = 1 once stored in float32 (now r_max <= "
+    "1 - 2**-24); r_min = r_max = 0 gave nu_log = inf (now |lambda| = 1e-19)."
+    for r_min, r_max in itertools.product(_RADII, _RADII):
+        torch.manual_seed(0)
+        try: layer = LRU(3, d_state=16, r_min=r_min, r_max=r_max)
+        except (ValueError, TypeError) as e:
+            assert "r_min" in str(e) or "r_max" in str(e), str(e)
+            continue
+        assert all(torch.isfinite(p).all() for p in layer.parameters()) and layer.eigenvalues().abs().max() < 1, (r_min, r_max)
+        y = layer(torch.randn(2, 9, 3))
+        y.square().sum().backward()
+        assert torch.isfinite(y).all() and all(torch.isfinite(p.grad).all() for p in layer.parameters()), (r_min, r_max)
