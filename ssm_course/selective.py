@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from .checks import check_tensor, check_size, resolve_backend
+from .checks import check_tensor, check_size, resolve_backend, full_precision
 from .scan import scan
 
 # %% ../nbs/08_selective.ipynb #2062df00
@@ -24,9 +24,17 @@ def _unpack_complex(X, A, l, name):
         return torch.view_as_complex(X.unflatten(-1, (l, 2)).contiguous())
     return X
 
+def _same_device(ref:str, **tensors):
+    "Check that every tensor given is on the device of `tensors[ref]`: one clear error naming the argument, before any operation sees the mix."
+    dev = tensors[ref].device
+    for name, t in tensors.items():
+        if isinstance(t, Tensor) and t.device != dev:
+            raise ValueError(f"{name} is on device {t.device} but {ref} is on {dev}: all tensors of one call must be on one device (move {name} with .to({str(dev)!r}))")
+
 def _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state):
     "Validate Mamba's layouts; return (b, d, l, n, unpacked B, unpacked C)."
     u, delta = check_tensor(u, "u", ndim=3), check_tensor(delta, "delta", ndim=3)
+    _same_device("u", u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias, initial_state=initial_state)
     b, d, l = u.shape
     if l == 0: raise ValueError(f"u is an empty sequence: shape {tuple(u.shape)}")
     if delta.shape != u.shape: raise ValueError(f"delta must have the shape of u {tuple(u.shape)}, got {tuple(delta.shape)}")
@@ -52,6 +60,7 @@ def _work_dtype(u):
     return torch.float64 if u.dtype == torch.float64 else torch.float32
 
 # %% ../nbs/08_selective.ipynb #c3d4e5f6
+@full_precision
 def selective_scan_ref(
     u:Tensor, # input, (b, d, l)
     delta:Tensor, # raw step $\Delta$, (b, d, l)
@@ -66,7 +75,7 @@ def selective_scan_ref(
     initial_state:Tensor|None=None, # $x_{-1}$, (b, d, n)
     backend:str="auto", # accepted for symmetry with `selective_scan`; the reference always runs in PyTorch
 ): # y (b, d, l) in u's dtype, or (y, last state)
-    "Mamba's selective scan as a readable loop over time: the oracle for the fast path and the kernels."
+    "Mamba's selective scan as a readable loop over time: the oracle for the fast path and the kernels; in float32 (float64 for float64 `u`) whatever the caller's autocast."
     b, d, l, n, B, C = _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state)
     resolve_backend(backend, u, has_triton=False, name="selective_scan_ref")
     dtype_in, work = u.dtype, _work_dtype(u)
@@ -130,7 +139,15 @@ class _ScanTM(torch.autograd.Function):
         prev = torch.cat([(torch.zeros_like(x[:1]) if x0 is None else x0[None]), x[:-1]])
         return g * prev.conj(), g, (None if x0 is None else a[0].conj() * g[0])
 
-def _chunk_tm(u, delta, A, B, C, x0):
+def _scan_steps(a, b, x0):
+    "The recurrence of `_ScanTM` as out-of-place steps: slower, but differentiable to any order (the double backward's recomputation)."
+    xs, x = [], x0
+    for t in range(a.shape[0]):
+        x = b[t] if x is None else torch.addcmul(b[t], a[t], x)
+        xs.append(x)
+    return torch.stack(xs)
+
+def _chunk_tm(u, delta, A, B, C, x0, scan_tm=_ScanTM.apply):
     "`_chunk` computed time-major: decays and inputs as (T, b, d, n) tensors, so that every step of the scan is one contiguous vector."
     dT = delta.permute(2, 0, 1)[..., None]  # (T, b, d, 1)
     a = torch.exp(dT * A)  # (T, b, d, n)
@@ -138,7 +155,7 @@ def _chunk_tm(u, delta, A, B, C, x0):
     if B.dim() == 2: bb = du * B
     elif B.dim() == 3: bb = du * B.permute(2, 0, 1)[:, :, None, :]
     else: bb = (du.unflatten(2, (B.shape[1], -1)) * B.permute(3, 0, 1, 2)[:, :, :, None, :]).flatten(2, 3)
-    x = _ScanTM.apply(a, bb, x0)  # (T, b, d, n)
+    x = scan_tm(a, bb, x0)  # (T, b, d, n)
     if C.dim() == 2: y = torch.einsum("tbdn,dn->bdt", x, C)
     elif C.dim() == 3: y = torch.einsum("tbdn,bnt->bdt", x, C)
     else: y = torch.einsum("tbgkn,bgnt->bgkt", x.unflatten(2, (C.shape[1], -1)), C).flatten(1, 2)
@@ -181,38 +198,82 @@ def _selective_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus, retur
 
 
 # %% ../nbs/08_selective.ipynb #b8c9d0e1
+def _to_front(x, d, size):
+    "`x` with its vmapped axis `d` first (`None`: broadcast to `size`)."
+    return x.expand(size, *x.shape) if d is None else x.movedim(d, 0)
+
+def _fold_channels(V, in_dims, args, kinds):
+    """vmap over a selective scan's arguments as V times as many channels: (b, d, ...) tensors ("b") and (d, ...) tensors ("d")
+    fold the mapped axis into d; B or C ("BC") become (V d, n), or groups (b, V g, n, l) of d / g channels each."""
+    out = []
+    for x, dim, kind in zip(args, in_dims, kinds):
+        if kind is None or not isinstance(x, Tensor): out.append(x); continue
+        x = _to_front(x, dim, V)
+        if kind == "BC": kind = {3: "d", 4: "group", 5: "b"}[x.dim()]
+        out.append(x.flatten(0, 1) if kind == "d" else x.movedim(0, 1) if kind == "group" else x.movedim(0, 1).flatten(1, 2))
+    return out
+
+def _unfold_channels(V, x, dim=1):
+    "(..., V d, ...) at `dim` back to (V, ..., d, ...)."
+    return x.unflatten(dim, (V, -1)).movedim(dim, 0)
+
 class _SelectiveScan(torch.autograd.Function):
-    "The chunked core in PyTorch: the forward stores the inputs and the chunk-boundary states, the backward recomputes one chunk at a time."
+    """The chunked core in PyTorch: the forward stores the inputs and the chunk-boundary states, the backward recomputes one chunk at a time.
+    With `create_graph=True` the backward recomputes the forward with out-of-place steps and differentiates that, so gradients of gradients
+    are exact; `torch.func.vmap` folds the mapped axis into the channels."""
     @staticmethod
-    def forward(ctx, u, delta, A, B, C, x0, T):
+    def forward(u, delta, A, B, C, x0, T):
         y, last, starts, T = _selective_forward(u, delta, A, B, C, x0, T)  # _forward_torch, time-major (folded cell above)
-        ctx.T, ctx.has_x0 = T, x0 is not None
-        ctx.save_for_backward(u, delta, A, B, C, *[x for x in starts if x is not None])  # boundary states only
-        return y, last
+        return y, last, torch.stack(starts[1:]) if len(starts) > 1 else last.new_empty(0, *last.shape)  # the states entering chunks 1, 2, ...
 
     @staticmethod
-    def backward(ctx, gy, glast):
-        u, delta, A, B, C, *starts = ctx.saved_tensors
+    def setup_context(ctx, inputs, output):
+        u, delta, A, B, C, x0, T = inputs
+        ctx.T, ctx.has_x0 = min(T, u.shape[-1]), x0 is not None
+        ctx.mark_non_differentiable(output[2])
+        ctx.save_for_backward(u, delta, A, B, C, x0, output[2])  # boundary states only
+
+    @staticmethod
+    @full_precision  # a backward called inside the caller's autocast computes in the forward's precision too
+    def backward(ctx, gy, glast, _):
+        u, delta, A, B, C, x0, starts = ctx.saved_tensors
+        if torch.is_grad_enabled(): return _SelectiveScan._backward_graph(ctx, u, delta, A, B, C, x0, gy, glast)
         T, l = ctx.T, u.shape[-1]
-        if not ctx.has_x0: starts = [None] + starts
+        starts = [x0] + list(starts)
         grads = {k: torch.zeros_like(v) for k, v in dict(u=u, delta=delta, A=A, B=B, C=C).items()}
         g_state = glast
         for i, s in reversed(list(enumerate(range(0, l, T)))):
             sl = slice(s, s + T)
             with torch.enable_grad():  # recompute one chunk under autograd, from its stored entering state
                 ins = [t.detach().requires_grad_() for t in (u[..., sl], delta[..., sl], A, _slice(B, sl), _slice(C, sl))]
-                x0 = None if starts[i] is None else starts[i].detach().requires_grad_()
-                y, x = _chunk_tm(*ins, x0)
+                xin = None if starts[i] is None else starts[i].detach().requires_grad_()
+                y, x = _chunk_tm(*ins, xin)
                 outs, gouts = [y], [gy[..., sl]]
                 if g_state is not None: outs.append(x); gouts.append(g_state)
-                got = torch.autograd.grad(outs, ins + ([x0] if x0 is not None else []), gouts, allow_unused=True)
+                got = torch.autograd.grad(outs, ins + ([xin] if xin is not None else []), gouts, allow_unused=True)
             for k, gk in zip(("u", "delta", "A", "B", "C"), got[:5]):
                 if gk is None: continue
                 if k in ("u", "delta") or (k in ("B", "C") and grads[k].dim() > 2): grads[k][..., sl] += gk
                 else: grads[k] += gk
-            g_state = got[5] if x0 is not None else None
+            g_state = got[5] if xin is not None else None
         return grads["u"], grads["delta"], grads["A"], grads["B"], grads["C"], g_state, None
 
+    @staticmethod
+    def _backward_graph(ctx, u, delta, A, B, C, x0, gy, glast):
+        "The backward as differentiable operations (under `create_graph=True`): the whole forward recomputed with out-of-place steps, then differentiated with its graph kept."
+        ins = [t for t, need in zip((u, delta, A, B, C, x0), ctx.needs_input_grad) if need]
+        y, last = _chunk_tm(u, delta, A, B, C, x0, scan_tm=_scan_steps)
+        got = iter(torch.autograd.grad((y, last), ins, (gy, glast), create_graph=True, allow_unused=True))
+        return (*[next(got) if need else None for need in ctx.needs_input_grad[:6]], None)
+
+    @staticmethod
+    def vmap(info, in_dims, u, delta, A, B, C, x0, T):
+        V = info.batch_size
+        args = _fold_channels(V, in_dims, (u, delta, A, B, C, x0), ("b", "b", "d", "BC", "BC", "b"))
+        y, last, starts = _SelectiveScan.apply(*args, T)
+        return (_unfold_channels(V, y), _unfold_channels(V, last), _unfold_channels(V, starts, 2)), (0, 0, 0)
+
+@full_precision
 def selective_scan(
     u:Tensor, # input, (b, d, l)
     delta:Tensor, # raw step $\Delta$, (b, d, l)
@@ -228,7 +289,11 @@ def selective_scan(
     backend:str="auto", # "auto", "torch" or "triton"
     chunk:int=128, # time steps per chunk: the backward stores one state per chunk and recomputes one chunk at a time
 ): # y (b, d, l) in u's dtype, or (y, last state)
-    "Mamba's selective scan, chunked: chunk-boundary states stored, chunk internals recomputed in the backward."
+    """Mamba's selective scan, chunked: chunk-boundary states stored, chunk internals recomputed in the backward.
+
+    Computes in float32 (float64 for float64 `u`) whatever the caller's autocast. On the PyTorch path gradients of gradients
+    (`create_graph=True`) are exact, and `torch.func.vmap` maps over any argument; the Triton path is differentiable once
+    (a double backward raises) and maps with vmap too."""
     b, d, l, n, B, C = _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state)
     chunk = check_size(chunk, "chunk")
     dtype_in, work = u.dtype, _work_dtype(u)
@@ -243,7 +308,7 @@ def selective_scan(
     B, C = B.to(A.dtype), C.to(A.dtype)
     x0 = None if initial_state is None else initial_state.to(A.dtype)
     if torch.compiler.is_compiling(): y, last = _chunk(u.to(work), delta, A, B, C, x0)  # dynamic shapes: one chunk
-    else: y, last = _SelectiveScan.apply(u.to(work), delta, A, B, C, x0, chunk)
+    else: y, last, _ = _SelectiveScan.apply(u.to(work), delta, A, B, C, x0, chunk)
     if y.is_complex(): y = 2 * y.real
     if D is not None: y = y + u.to(work) * D.to(work)[:, None]
     if z is not None: y = y * F.silu(z.to(work))

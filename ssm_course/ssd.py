@@ -12,10 +12,20 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from .checks import check_tensor, check_size, check_positive, float_dtype, resolve_backend, values_hidden
+from .checks import check_tensor, check_size, float_dtype, resolve_backend, values_hidden, full_precision
 from .scan import scan
+from .selective import _same_device
 
 # %% ../nbs/09_ssd.ipynb #369eeaed
+def _unreadable(*xs):
+    "Whether some tensor's values cannot be read: `values_hidden` (compile, meta), or mapped by `torch.func.vmap` (at any level of functorch's wrappers)."
+    for x in xs:
+        if values_hidden(x): return True
+        while isinstance(x, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(x):
+            if torch._C._functorch.is_batchedtensor(x): return True
+            x = torch._C._functorch.get_unwrapped(x)
+    return False
+
 def _check_ssd(x, dt, A, B, C, D, initial_states, log_decay=None):
     "Validate Mamba-2 layouts; return (b, l, h, p, g, n, compute dtype)."
     x = check_tensor(x, "x", ndim=4)
@@ -36,10 +46,13 @@ def _check_ssd(x, dt, A, B, C, D, initial_states, log_decay=None):
     if initial_states is not None and tuple(check_tensor(initial_states, "initial_states").shape) != (b, h, p, n):
         raise ValueError(f"initial_states must have shape (b, h, p, n) = {(b, h, p, n)}, got {tuple(initial_states.shape)}")
     given = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "initial_states": initial_states, "log_decay": log_decay}
+    _same_device("x", **given)
     for name, t in given.items():
         if t is not None and (t.is_complex() or t.dtype == torch.bool): raise TypeError(f"{name} must be a real tensor (ssd computes in real arithmetic), got dtype {t.dtype}")
-    if dt is not None: check_positive(dt, "dt")
-    if log_decay is not None and not values_hidden(log_decay) and not bool((log_decay <= 0).all()):
+    if dt is not None and not _unreadable(dt) and not bool((dt >= 0).all()):  # 0 is allowed: no step (float32 softplus underflows to it)
+        bad = dt[~(dt >= 0)]
+        raise ValueError(f"dt must be >= 0 (0 leaves the state unchanged), got {bad[0].item()} ({bad.numel()} such entries)")
+    if log_decay is not None and not _unreadable(log_decay) and not bool((log_decay <= 0).all()):
         raise ValueError(f"log_decay must be <= 0 (a decay of at most 1 per step), got max {log_decay.max().item()}")
     dtype = float_dtype(*[t for t in given.values() if t is not None])
     return b, l, h, p, g, n, dtype
@@ -51,15 +64,30 @@ def _inputs(x, dt, A, log_decay, dtype):
     dA = log_decay.to(w) if log_decay is not None else dt.to(w) * A.to(w)
     return xdt, dA, w
 
+def _growth_chunk(Q, l, A, dA, dtype):
+    """The chunk to use: at most `l` (more would be padding), and, for a growing state (some A > 0), short enough that a decay
+    factor inside a chunk stays below the square root of the largest float (e^44 in float32): chunk x (largest finite dt A) <= 44."""
+    Q = min(Q, l)
+    if A is None or _unreadable(A, dA) or not bool((A > 0).any()): return Q
+    grow = torch.where(torch.isfinite(dA), dA, 0).max().item()  # NaN and inf steps are non-finite in the loop anyway
+    return min(Q, max(1, int(math.log(torch.finfo(dtype).max) / 2 / grow))) if grow > 0 else Q
+
+def _finite_values(v, dim):
+    """The values `v` of a causal product M v with non-finite entries replaced by 0 (0 * NaN above M's diagonal would be NaN
+    in every earlier output), and the mask of the outputs from such an entry's step on along `dim` (time): NaN, as in the loop."""
+    ok = torch.isfinite(v)
+    return torch.where(ok, v, 0), (torch.cumsum(~ok, dim) > 0)
+
 # %% ../nbs/09_ssd.ipynb #0b1c2d3e
 def _heads(X, h):
     "(b, l, g, n) -> (b, l, h, n): each group's B or C shared by its h/g heads (a view)."
     b, l, g, n = X.shape
     return X[:, :, :, None].expand(b, l, g, h // g, n).reshape(b, l, h, n)
 
+@full_precision
 def ssd_ref(
     x:Tensor, # input, (b, l, h, p)
-    dt:Tensor|None, # step $\Delta$, (b, l, h), positive; None: the input is used as given ($\Delta = 1$)
+    dt:Tensor|None, # step $\Delta \ge 0$, (b, l, h); None: the input is used as given ($\Delta = 1$)
     A:Tensor|None, # one decay rate per head, (h,); None when `log_decay` is given
     B:Tensor, # (b, l, g, n)
     C:Tensor, # (b, l, g, n)
@@ -70,7 +98,7 @@ def ssd_ref(
     backend:str="auto", # the reference always runs in PyTorch
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$ (an already discretized decay)
 ): # y (b, l, h, p), or (y, final states (b, h, p, n))
-    "Mamba-2's SSM as a loop over time: $H_t = a_t H_{t-1} + \\Delta_t x_t B_t^\\top$ with $a_t = e^{\\Delta_t A}$, $y_t = H_t C_t + D x_t$."
+    "Mamba-2's SSM as a loop over time: $H_t = a_t H_{t-1} + \\Delta_t x_t B_t^\\top$ with $a_t = e^{\\Delta_t A}$, $y_t = H_t C_t + D x_t$; in float32 (float64 for float64 inputs) whatever the caller's autocast."
     b, l, h, p, g, n, dtype = _check_ssd(x, dt, A, B, C, D, initial_states, log_decay)
     check_size(chunk_size, "chunk_size")
     resolve_backend(backend, x, has_triton=False, name="ssd_ref")
@@ -86,6 +114,7 @@ def ssd_ref(
     return (y.to(dtype), H.to(dtype)) if return_final_states else y.to(dtype)
 
 # %% ../nbs/09_ssd.ipynb #1bf9daca
+@full_precision
 def segsum(
     a:Tensor, # values $a_r$ along the last axis, (..., T)
 )->Tensor: # (..., T, T): $\sum_{s<r\le t} a_r$ for $s \le t$ (0 on the diagonal), $-\infty$ above it
@@ -97,9 +126,10 @@ def segsum(
     return out.masked_fill(~below.logical_or(torch.eye(T, dtype=torch.bool, device=a.device)), -math.inf)
 
 # %% ../nbs/09_ssd.ipynb #4a9dc4b0
+@full_precision
 def ssd_quadratic(
     x:Tensor, # input, (b, l, h, p)
-    dt:Tensor|None, # step $\Delta$, (b, l, h), positive; None: $\Delta = 1$
+    dt:Tensor|None, # step $\Delta \ge 0$, (b, l, h); None: $\Delta = 1$
     A:Tensor|None, # (h,); None when `log_decay` is given
     B:Tensor, # (b, l, g, n)
     C:Tensor, # (b, l, g, n)
@@ -110,7 +140,7 @@ def ssd_quadratic(
     backend:str="auto", # the quadratic form always runs in PyTorch
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$
 ): # y (b, l, h, p), or (y, final states)
-    "The dual attention form $y = (L \\circ C B^\\top)(\\Delta x)$ with the decay mask $L = \\exp(\\mathrm{segsum}(\\Delta A))$: $O(l^2)$."
+    "The dual attention form $y = (L \\circ C B^\\top)(\\Delta x)$ with the decay mask $L = \\exp(\\mathrm{segsum}(\\Delta A))$: $O(l^2)$; in float32 (float64 for float64 inputs) whatever the caller's autocast."
     b, l, h, p, g, n, dtype = _check_ssd(x, dt, A, B, C, D, initial_states, log_decay)
     check_size(chunk_size, "chunk_size")
     resolve_backend(backend, x, has_triton=False, name="ssd_quadratic")
@@ -118,10 +148,12 @@ def ssd_quadratic(
     Bh, Ch = _heads(B.to(w), h), _heads(C.to(w), h)
     dA = dA.transpose(1, 2)  # (b, h, l)
     Lmask = torch.exp(segsum(dA))  # (b, h, l, l)
-    if not values_hidden(dA) and bool(torch.isinf(Lmask).any()):
+    if not _unreadable(Lmask) and bool(torch.isinf(Lmask).any()):
         raise ValueError("the decay mask exp(segsum(dt A)) overflows: a growing state (dt A > 0) over this many steps; use ssd or ssd_ref")
-    scores = torch.einsum("bthn,bshn->bhts", Ch, Bh) * Lmask  # M = L o (C B^T)
-    y = torch.einsum("bhts,bshp->bthp", scores, xdt)
+    causal = torch.ones(l, l, dtype=torch.bool, device=x.device).tril()
+    scores = torch.where(causal, torch.einsum("bthn,bshn->bhts", Ch, Bh) * Lmask, 0)  # M = L o (C B^T), exactly 0 above the diagonal
+    v, after = _finite_values(xdt, 1)
+    y = torch.einsum("bhts,bshp->bthp", scores, v).masked_fill(after, math.nan)
     cum = torch.cumsum(dA, -1)  # decay from the start: prod_{r<=t} a_r = exp(cum_t)
     if initial_states is not None:
         y = y + torch.einsum("bthn,bhpn,bht->bthp", Ch, initial_states.to(w), torch.exp(cum))
@@ -133,20 +165,21 @@ def ssd_quadratic(
     return y.to(dtype), final.to(dtype)
 
 # %% ../nbs/09_ssd.ipynb #32f6b41b
+@full_precision
 def ssd(
     x:Tensor, # input, (b, l, h, p)
-    dt:Tensor|None, # step $\Delta$, (b, l, h), positive; None: the input is used as given ($\Delta = 1$)
+    dt:Tensor|None, # step $\Delta \ge 0$, (b, l, h); None: the input is used as given ($\Delta = 1$)
     A:Tensor|None, # one decay rate per head, (h,); None when `log_decay` is given
     B:Tensor, # (b, l, g, n)
     C:Tensor, # (b, l, g, n)
-    chunk_size:int=64, # $Q$: steps per chunk
+    chunk_size:int=64, # $Q$: steps per chunk (at most l are used)
     D:Tensor|None=None, # feedthrough, (h,)
     initial_states:Tensor|None=None, # $H_{-1}$, (b, h, p, n)
     return_final_states:bool=False, # also return $H_{l-1}$, (b, h, p, n)
     backend:str="auto", # "auto", "torch" or "triton"
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$: an already discretized decay (e.g. a gate)
 ): # y (b, l, h, p), or (y, final states (b, h, p, n))
-    "Mamba-2's chunked SSD: the quadratic form within chunks of $Q$ steps, a scan of states across them; any length."
+    "Mamba-2's chunked SSD: the quadratic form within chunks of $Q$ steps, a scan of states across them; any length; in float32 (float64 for float64 inputs) whatever the caller's autocast."
     b, l, h, p, g, n, dtype = _check_ssd(x, dt, A, B, C, D, initial_states, log_decay)
     Q = check_size(chunk_size, "chunk_size")
     kernel_ok = log_decay is None and dt is not None and x.dtype == torch.float32
@@ -156,15 +189,20 @@ def ssd(
         if D is not None: y = y + D[:, None] * x
         return (y, final) if return_final_states else y
     xdt, dA, w = _inputs(x, dt, A, log_decay, dtype)
+    Q = _growth_chunk(Q, l, A, dA, w)  # at most l; shorter for a fast-growing state
     pad = -l % Q
     padt = lambda t: F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))  # pad the time axis (1) with zeros: decay 1, no input
     nc = (l + pad) // Q
-    xs, Bs, Cs = (padt(t).unflatten(1, (nc, Q)) for t in (xdt, _heads(B.to(w), h), _heads(C.to(w), h)))  # (b, c, q, h, .)
+    xs, Bg, Cg = (padt(t).unflatten(1, (nc, Q)) for t in (xdt, B.to(w), C.to(w)))  # (b, c, q, h, p) and (b, c, q, g, n)
+    Bs, Cs = (padt(_heads(X.to(w), h)).unflatten(1, (nc, Q)) for X in (B, C))  # per head: (b, c, q, h, n)
     dA = padt(dA).unflatten(1, (nc, Q)).permute(0, 3, 1, 2)  # (b, h, c, q)
     Lm = torch.exp(segsum(dA))  # (b, h, c, q, q): the decay mask inside each chunk
     cum = torch.cumsum(dA, -1)  # within-chunk cumulative log decays
-    # 1. diagonal blocks: the quadratic form inside each chunk
-    y = torch.einsum("bcthn,bcshn,bhcts,bcshp->bcthp", Cs, Bs, Lm, xs)
+    # 1. diagonal blocks: the quadratic form inside each chunk, exactly 0 above the diagonal (where, not a product with the 0 of the mask)
+    CB = torch.einsum("bctgn,bcsgn->bgcts", Cg, Bg)  # (b, g, c, q, q): each group's scores, shared by its heads
+    M = torch.where(torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril(), Lm.unflatten(1, (g, h // g)) * CB[:, :, None], 0).flatten(1, 2)
+    v, after = _finite_values(xs, 2)
+    y = torch.einsum("bhcts,bcshp->bcthp", M, v).masked_fill(after, math.nan)
     # 2. each chunk's contribution to the state at its end: decays from s to the chunk's end (the last row of the mask)
     contrib = torch.einsum("bcshn,bhcs,bcshp->bchpn", Bs, Lm[..., -1, :], xs)  # (b, c, h, p, n)
     # 3. state passing: H_c = (decay over chunk c) H_{c-1} + contrib_c, a scan over chunks

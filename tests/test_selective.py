@@ -154,10 +154,11 @@ def _ssd_inputs(seed=0, b=2, l=37, h=4, p=3, g=2, n=5, dtype=torch.float64):
 
 
 @pytest.mark.parametrize("f", [ssd, ssd_ref, ssd_quadratic])
-def test_ssd_rejects_nonpositive_dt_and_complex(f):
+def test_ssd_rejects_negative_dt_and_complex(f):
+    "dt = 0 is a step (issue 25 item 19: tests/test_ssd.py); a negative or NaN dt is refused by name."
     kw = _ssd_inputs()
-    for bad in (-kw["dt"], torch.zeros_like(kw["dt"]), kw["dt"].masked_fill(torch.rand(kw["dt"].shape) < 0.1, float("nan"))):
-        with pytest.raises(ValueError, match=r"\bdt\b"): f(**{**kw, "dt": bad})
+    for bad in (-kw["dt"], kw["dt"].masked_fill(torch.rand(kw["dt"].shape) < 0.1, float("nan"))):
+        with pytest.raises(ValueError, match=r"\bdt must be >= 0\b"): f(**{**kw, "dt": bad})
     with pytest.raises(TypeError, match=r"\bx\b"): f(**{**kw, "x": kw["x"].to(torch.complex128)})
     with pytest.raises(TypeError, match=r"\bB\b"): f(**{**kw, "B": kw["B"].to(torch.complex128)})
     with pytest.raises(ValueError, match=r"\blog_decay\b"): f(**{**kw, "A": None}, log_decay=kw["dt"])  # a positive log decay
@@ -281,3 +282,72 @@ def test_triton_backend_is_notebook_11s_full_op():
     worst, errors, auto_finite, calls = eval(res.stdout.strip().splitlines()[-1])
     assert calls == 3 and worst["ref64"] < 1.5e-6 and worst["torch"] < 1.5e-6, (calls, worst)  # observed 6.3e-7 and 7.4e-7
     assert "real A" in errors[0] and "float64" in errors[1] and auto_finite, errors
+
+
+# ---- issue 25: double backward, torch.func, autocast, mixed devices (selective_scan) --------------------------------
+def _full_inputs(seed, layout, cplx, b=2, d=4, n=2, l=7, groups=2, dtype=torch.float64):
+    kw = inputs(seed, b, d, n, l, layout, cplx, groups=groups, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed + 1)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)
+    kw.update(D=r(d), z=r(b, d, l), delta_bias=r(d), initial_state=r(b, d, n).to(torch.complex128 if cplx else dtype) if dtype == torch.float64
+              else r(b, d, n).to(torch.complex64 if cplx else dtype))
+    return kw
+
+
+@pytest.mark.parametrize("layout, cplx", [(2, True), (3, False), (3, True), (4, False)])
+def test_selective_scan_double_backward(layout, cplx):
+    "Issue 25 items 10/23: gradgradcheck of selective_scan (float64, chunk 2 of l = 5, every input, y and the last state); the gradient with create_graph=True was detached (requires_grad=False) and gradgradcheck failed."
+    kw = _full_inputs(0, layout, cplx, b=1, d=2, n=2, l=5)
+    names = [k for k, v in kw.items() if torch.is_tensor(v)]
+    f = lambda *t: selective_scan(**dict(zip(names, t)), delta_softplus=True, chunk=2, return_last_state=True)
+    x = tuple(kw[k].detach().requires_grad_() for k in names)
+    y, _ = f(*x)
+    gu, = torch.autograd.grad(y.square().sum(), x[0], create_graph=True)
+    assert gu.requires_grad
+    assert torch.autograd.gradgradcheck(f, x, fast_mode=True)
+
+
+def test_selective_scan_torch_func_vmap_and_grad():
+    "Issue 25 item 18: vmap over u, delta, A, B (each layout) and the initial state equals a loop over the reference; torch.func.grad and vmap(grad) equal autograd."
+    g = torch.Generator().manual_seed(5)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    V, b, d, n, l = 3, 2, 4, 2, 9
+    u, dl, A, x0 = r(V, b, d, l), r(V, b, d, l), -torch.rand(V, d, n, generator=g, dtype=torch.float64), r(V, b, d, n)
+    for shape in [(d, n), (b, n, l), (b, 2, n, l)]:
+        B, C = r(V, *shape), r(*shape)
+        f = lambda u, dl, A, B, x0: selective_scan(u, dl, A, B, C, initial_state=x0, delta_softplus=True, chunk=4, return_last_state=True)
+        y, last = torch.func.vmap(f)(u, dl, A, B, x0)
+        for v in range(V):
+            yr, lr = selective_scan_ref(u[v], dl[v], A[v], B[v], C, initial_state=x0[v], delta_softplus=True, return_last_state=True)
+            torch.testing.assert_close(y[v], yr, rtol=0, atol=1e-12); torch.testing.assert_close(last[v], lr, rtol=0, atol=1e-12)
+    y = torch.func.vmap(lambda u: selective_scan(u, dl[0], A[0], B[0], C, chunk=4), in_dims=2, out_dims=2)(u[0].unsqueeze(2).expand(b, d, 3, l))
+    torch.testing.assert_close(y, selective_scan_ref(u[0], dl[0], A[0], B[0], C).unsqueeze(2).expand(b, d, 3, l), rtol=0, atol=1e-12)
+    loss = lambda u: selective_scan(u, dl[0], A[0], B[0], C, chunk=4).square().sum()
+    want = torch.stack([torch.autograd.grad(selective_scan_ref(x.requires_grad_(), dl[0], A[0], B[0], C).square().sum(), x)[0] for x in u.clone()])
+    torch.testing.assert_close(torch.func.grad(loss)(u[0]), want[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.func.vmap(torch.func.grad(loss))(u), want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("f", [selective_scan, selective_scan_ref])
+def test_selective_ignores_autocast(f):
+    "Issue 25 item 5: under torch.autocast('cpu', bfloat16) float32 inputs were computed at bf16 accuracy (selective_scan 3.1e-3); now the output and the gradients (backward called inside the context too) equal those without, bit for bit."
+    kw = _full_inputs(2, 3, False, b=2, d=16, n=8, l=64, groups=1, dtype=torch.float32)
+    def run():
+        leaves = {k: v.clone().requires_grad_() for k, v in kw.items()}
+        y, last = f(**leaves, delta_softplus=True, return_last_state=True)
+        return [y, last, *torch.autograd.grad(y.square().sum() + last.square().sum(), list(leaves.values()))]
+    plain = run()
+    with torch.autocast("cpu", torch.bfloat16): cast = run()
+    assert cast[0].dtype == torch.float32
+    for a, b in zip(plain, cast): assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("f", [selective_scan, selective_scan_ref])
+@pytest.mark.parametrize("name", ["delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state"])
+def test_selective_mixed_devices_name_the_argument(f, name):
+    "Issue 25 item 22: a meta tensor among CPU tensors raised 'Tensor on device meta is not on the expected device cpu' from a custom op; now a ValueError naming both."
+    kw = _full_inputs(3, 3, False, dtype=torch.float32)
+    with pytest.raises(ValueError, match=rf"^{name} is on device meta but u is on cpu"):
+        f(**{**kw, name: kw[name].to("meta")})
+    with pytest.raises(ValueError, match=r"^delta is on device cpu but u is on meta"):
+        f(**{**kw, "u": kw["u"].to("meta")})

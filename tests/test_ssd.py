@@ -141,3 +141,178 @@ def test_transcription_is_not_vacuous():
     undiscretized, _ = ssd_minimal_discrete(x, A * dt, B.repeat_interleave(2, 2), C.repeat_interleave(2, 2), 15)
     interleaved, _ = ssd_minimal_discrete(x * dt[..., None], A * dt, B.repeat(1, 1, 2, 1), C.repeat(1, 1, 2, 1), 15)  # head i -> group i % g
     assert (undiscretized - y).abs().max() > 0.1 and (interleaved - y).abs().max() > 0.1
+
+
+# ---- issue 25: growing states, causality, dt = 0, seq_idx, chunk cap, autocast, devices, torch.func ------------------
+import math
+from hypothesis import given, settings, strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+from ssm_course.ssd import ssd_quadratic, segsum
+
+
+def rel(x, ref): return ((x.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize("A", [1.5, 3.0])
+def test_ssd_growing_state_past_float32_within_a_chunk(A):
+    "Issue 25 item 3: with chunk_size 64, A = 1.5 and 3 (dt = 1) make a chunk's decay factor e^96 and e^192, past float32: 1,446 and 1,626 NaN; ssd now shortens its chunk (dt A x chunk <= 44) and gives the float64 loop's answer (observed 1.1e-7, 2.6e-8)."
+    gen = torch.Generator().manual_seed(4)
+    l = 300
+    x = torch.zeros(1, l, 2, 3); x[:, -5:] = torch.randn(1, 5, 2, 3, generator=gen)  # input at the last 5 steps only: the loop's output is finite
+    kw = dict(x=x, dt=torch.ones(1, l, 2), A=torch.tensor([A, A]), B=torch.randn(1, l, 1, 4, generator=gen), C=torch.randn(1, l, 1, 4, generator=gen))
+    ref = ssd_ref(**{k: v.double() for k, v in kw.items()})
+    y = ssd(**kw, chunk_size=64)
+    assert torch.isfinite(ref).all() and torch.isfinite(y).all() and rel(y, ref) < 3e-7
+    with pytest.raises(ValueError, match="overflows"): ssd_quadratic(**kw)
+
+
+def test_ssd_growing_state_with_inputs_over_the_last_40_steps():
+    "The same with random steps and inputs at every one of the last 40 of 100 steps (the loop's outputs reach 1.9e25): chunks of 64 gave 246 NaN (e^96 times the zeros before); ssd within 3e-6 of the float64 loop (observed 2.0e-6: exponents summed over up to 44 in float32; the float32 loop 5.9e-7)."
+    gen = torch.Generator().manual_seed(5)
+    l, A = 100, torch.tensor([1.5, 1.2])
+    x = torch.zeros(2, l, 2, 3); x[:, -40:] = torch.randn(2, 40, 2, 3, generator=gen)
+    kw = dict(x=x, dt=0.75 + 0.5 * torch.rand(2, l, 2, generator=gen), A=A, B=torch.randn(2, l, 1, 4, generator=gen), C=torch.randn(2, l, 1, 4, generator=gen))
+    ref = ssd_ref(**{k: v.double() for k, v in kw.items()})
+    assert torch.isfinite(ssd_ref(**kw)).all() and ref.abs().max() > 1e24
+    y = ssd(**kw, chunk_size=64)
+    assert torch.isfinite(y).all() and rel(y, ref) < 3e-6, rel(y, ref)
+
+
+BAD = {"x": [math.nan, math.inf, -1e30], "B": [math.nan, -math.inf, 3e37], "C": [math.nan, math.inf, 1e30], "dt": [math.inf, 1e30],
+       "log_decay": [-math.inf, -1e30]}
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), l=st.integers(2, 40), chunk=st.integers(1, 17), g=st.sampled_from([1, 2]), p=st.integers(1, 3),
+       which=st.sampled_from(["x", "B", "C", "dt", "log_decay"]), pick=st.integers(0, 2), frac=st.floats(0, 1), double=st.booleans(), extras=st.booleans())
+def test_property_ssd_causal_with_nonfinite_or_huge_later_values(seed, l, chunk, g, p, which, pick, frac, double, extras):
+    "Issue 25 item 4: a NaN, an infinity or a huge value at step s leaves every output before s bit for bit unchanged, in ssd, ssd_quadratic and ssd_ref (a NaN at the last step made steps 8-15 non-finite with chunk 8, and every step in ssd_quadratic)."
+    gen = torch.Generator().manual_seed(seed)
+    dtype = torch.float64 if double else torch.float32
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)
+    b, h, n = 2, 2 * g, 3
+    kw = dict(x=r(b, l, h, p), dt=F.softplus(r(b, l, h)), A=-torch.rand(h, generator=gen, dtype=dtype) - 0.1, B=r(b, l, g, n), C=r(b, l, g, n))
+    if which == "log_decay": kw.update(A=None, log_decay=-F.softplus(r(b, l, h)))
+    if extras: kw.update(D=r(h), initial_states=r(b, h, p, n))
+    s = 1 + int(frac * (l - 2))
+    bad = dict(kw)
+    bad[which] = kw[which].clone()
+    bad[which][:, s] = BAD[which][pick % len(BAD[which])]
+    for f in (ssd, ssd_quadratic, ssd_ref):
+        y, y_bad = f(**kw, chunk_size=chunk), f(**bad, chunk_size=chunk)
+        assert torch.equal(y_bad[:, :s], y[:, :s]), (f.__name__, s, (y_bad[:, :s] - y[:, :s]).abs().max())
+
+
+def test_ssd_nan_reaches_later_outputs_as_in_the_loop():
+    "The NaN is not dropped: from its step on, the outputs of its channel are NaN in all three (as the loop's), and the final state is non-finite."
+    kw, _ = make(3, 1, 16, 2, 2, 1, 3)
+    kw["x"][:, 9, 1, 0] = math.nan
+    for f in (ssd, ssd_quadratic, ssd_ref):
+        y, final = f(**kw, chunk_size=8, return_final_states=True)
+        assert torch.isnan(y[:, 9:, 1, 0]).all() and torch.isfinite(y[:, :9]).all() and torch.isfinite(y[:, :, 0]).all()
+        assert not torch.isfinite(final[:, 1, 0]).all()
+
+
+def test_ssd_accepts_dt_zero():
+    "Issue 25 item 19: dt = 0 (mamba accepts it; float32 softplus underflows to 0) is a step with no input and decay 1: all three equal the loop, and an all-zero dt gives the initial state read out, C_t H_{-1} + D x_t."
+    kw, more = make(7, 2, 30, 4, 3, 2, 5)
+    kw.update(more)
+    kw["dt"] = kw["dt"].masked_fill(torch.rand(kw["dt"].shape, generator=torch.Generator().manual_seed(1)) < 0.3, 0)
+    kw["dt"][:, 11] = 0
+    assert (F.softplus(torch.tensor(-104.0)) == 0).item()  # float32's softplus of a very negative raw step
+    ref = ssd_ref(**kw)
+    for f in (ssd, ssd_quadratic): torch.testing.assert_close(f(**kw, chunk_size=8), ref, rtol=0, atol=1e-13)
+    zero = {**kw, "dt": torch.zeros_like(kw["dt"])}
+    want = torch.einsum("blgn,bgkpn->blgkp", kw["C"], kw["initial_states"].unflatten(1, (2, 2))).flatten(2, 3) + kw["D"][:, None] * kw["x"]
+    for f in (ssd, ssd_quadratic, ssd_ref): torch.testing.assert_close(f(**zero, chunk_size=8), want, rtol=0, atol=1e-13)
+    for bad in (-1e-3, math.nan):
+        with pytest.raises(ValueError, match=r"dt must be >= 0"): ssd(**{**kw, "dt": kw["dt"].clone().fill_(bad)})
+
+
+def test_ssd_seq_idx_emulation_equals_per_document_runs():
+    "Issue 25 item 19: mamba's seq_idx (documents packed in one row) as log_decay = dt A with -inf at each document's first step (decay 0: the state restarts); equal to running each document alone (observed 1.8e-15), gradients too."
+    gen = torch.Generator().manual_seed(8)
+    b, l, h, p, g, n = 2, 37, 4, 3, 2, 5
+    kw, _ = make(9, b, l, h, p, g, n)
+    starts = [[0, 5, 14, 15, 29], [0, 20]]  # the documents of each row (a one-step document among them)
+    first = torch.zeros(b, l, h, dtype=torch.bool)
+    for i, st_ in enumerate(starts): first[i, st_] = True
+    def packed(x, dt, A, B, C):
+        return ssd(x, dt, None, B, C, chunk_size=8, log_decay=torch.where(first, -math.inf, dt * A))
+    def per_document(x, dt, A, B, C):
+        rows = []
+        for i, st_ in enumerate(starts):
+            ends = st_[1:] + [l]
+            rows.append(torch.cat([ssd_ref(x[i:i + 1, a:e], dt[i:i + 1, a:e], A, B[i:i + 1, a:e], C[i:i + 1, a:e]) for a, e in zip(st_, ends)], 1))
+        return torch.cat(rows)
+    args = [kw[k] for k in ("x", "dt", "A", "B", "C")]
+    torch.testing.assert_close(packed(*args), per_document(*args), rtol=0, atol=1e-13)
+    w = torch.randn(b, l, h, p, generator=gen, dtype=torch.float64)
+    grads = []
+    for f in (packed, per_document):
+        leaves = [a.detach().clone().requires_grad_() for a in args]
+        (f(*leaves) * w).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for got, want in zip(*grads): torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+class _Largest(TorchDispatchMode):
+    "The largest tensor any operation creates inside the context (bytes)."
+    def __init__(self): super().__init__(); self.bytes = 0
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(t, torch.Tensor): self.bytes = max(self.bytes, t.numel() * t.element_size())
+        return out
+
+
+def test_ssd_chunk_capped_at_the_length():
+    "Issue 25 item 17: ssd(l=5, chunk_size=4096) allocated a 128 MiB (4096 x 4096 float64) mask; the chunk is now at most l: no tensor above 1 KiB, the same result as chunk_size=5, equal to the loop."
+    kw, more = make(2, 1, 5, 1, 2, 1, 3)
+    kw.update(more)
+    with _Largest() as m: y = ssd(**kw, chunk_size=4096)
+    assert m.bytes <= 1024, m.bytes
+    assert torch.equal(y, ssd(**kw, chunk_size=5))
+    torch.testing.assert_close(y, ssd_ref(**kw), rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("f", [ssd, ssd_quadratic, ssd_ref])
+def test_ssd_family_ignores_autocast(f):
+    "Issue 25 item 5: under torch.autocast('cpu', bfloat16) ssd had 7.0e-3 relative error while returning float32; every op of the family now computes in float32 inside it, bit for bit as outside."
+    kw, more = make(3, 2, 64, 4, 8, 1, 16)
+    kw = {k: v.float() for k, v in {**kw, **more}.items()}
+    y, final = f(**kw, return_final_states=True)
+    with torch.autocast("cpu", torch.bfloat16): ya, fa = f(**kw, return_final_states=True)
+    assert ya.dtype == torch.float32 and torch.equal(ya, y) and torch.equal(fa, final)
+
+
+def test_segsum_ignores_autocast():
+    a = -torch.rand(3, 20)
+    with torch.autocast("cpu", torch.bfloat16): s = segsum(a)
+    assert s.dtype == torch.float32 and torch.equal(s, segsum(a))
+
+
+@pytest.mark.parametrize("f", [ssd, ssd_quadratic, ssd_ref])
+@pytest.mark.parametrize("name", ["dt", "A", "B", "C", "D", "initial_states", "log_decay"])
+def test_ssd_mixed_devices_name_the_argument(f, name):
+    "Issue 25 item 22: a meta tensor among CPU tensors raised 'Tensor on device meta is not on the expected device cpu'; now a ValueError naming both."
+    kw, more = make(4, 1, 9, 2, 2, 1, 3)
+    kw.update(more)
+    if name == "log_decay": kw.update(A=None, log_decay=-kw["dt"])
+    with pytest.raises(ValueError, match=rf"^{name} is on device meta but x is on cpu"): f(**{**kw, name: kw[name].to("meta")})
+    with pytest.raises(ValueError, match=r"^dt is on device cpu but x is on meta"): f(**{**kw, "x": kw["x"].to("meta")})
+
+
+def test_ssd_torch_func_vmap_and_grad():
+    "Issue 25 item 18: vmap over x, dt and B equals a loop over the reference; torch.func.grad equals autograd."
+    V = 3
+    kw, _ = make(6, 2, 21, 4, 3, 2, 5)
+    gen = torch.Generator().manual_seed(9)
+    xs, dts, Bs = (torch.randn(V, *kw[k].shape, generator=gen, dtype=torch.float64) for k in ("x", "dt", "B"))
+    dts = F.softplus(dts)
+    y = torch.func.vmap(lambda x, dt, B: ssd(x, dt, kw["A"], B, kw["C"], chunk_size=8))(xs, dts, Bs)
+    for v in range(V): torch.testing.assert_close(y[v], ssd_ref(xs[v], dts[v], kw["A"], Bs[v], kw["C"]), rtol=0, atol=1e-13)
+    loss = lambda x: ssd(x, kw["dt"], kw["A"], kw["B"], kw["C"], chunk_size=8).square().sum()
+    x = kw["x"].clone().requires_grad_()
+    want, = torch.autograd.grad(ssd_ref(x, kw["dt"], kw["A"], kw["B"], kw["C"]).square().sum(), x)
+    torch.testing.assert_close(torch.func.grad(loss)(kw["x"]), want, rtol=0, atol=1e-12)
