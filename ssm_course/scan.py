@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from .checks import check_tensor, check_size, float_dtype, resolve_backend, values_hidden
+from .checks import check_tensor, check_size, float_dtype, full_precision, resolve_backend, values_hidden
 
 # %% ../nbs/07_scan.ipynb #6a2c41f7
 def _check_scan(a, b, h0):
@@ -36,6 +36,7 @@ def _dtype(a, b, h0):
     return float_dtype(a, b, *([h0] if h0 is not None else []))
 
 # %% ../nbs/07_scan.ipynb #7b1e0c3a
+@full_precision
 def scan_sequential(
     a:Tensor, # decays $a_t$, (..., L), broadcast against `b`
     b:Tensor, # inputs $b_t$, (..., L)
@@ -58,6 +59,7 @@ def _mul(x, y):
     if p.is_complex() or not (values_hidden(p) or bool(p.isnan().any())): return p  # the usual case: nothing to repair
     return torch.where(p.isnan() & ~x.isnan() & ~y.isnan(), 0.0, p)
 
+@full_precision
 def scan_parallel(
     a:Tensor, # decays $a_t$, (..., L)
     b:Tensor, # inputs $b_t$, (..., L)
@@ -79,6 +81,7 @@ def _auto_chunk(L):
     "The default chunk length: the power of two nearest $\\sqrt{L}$, between 2 and 64."
     return max(2, min(64, 2 ** round(math.log2(math.sqrt(L))))) if L > 2 else 2
 
+@full_precision
 def scan_chunked(
     a:Tensor, # decays $a_t$, (..., L) (or (..., 1): time-invariant)
     b:Tensor, # inputs $b_t$, (..., L)
@@ -104,12 +107,20 @@ def scan_chunked(
     return (hl + _mul(P, enter[..., None])).flatten(-2)[..., :L]  # 3. fix-up: h_t = local h_t + (product so far) * entering state
 
 # %% ../nbs/07_scan.ipynb #5e3b9a41
+def _addmul_(x, a, y, safe:bool):
+    "In place $x \\mathrel{+}= a y$, rounded once (`addcmul_`) whether or not `safe`; `safe` (real values): where $a$ is an overflowed product of decays ($\\pm\\infty$) and $y$ an exact zero, it adds 0 rather than NaN."
+    if safe and not x.is_complex():
+        z = a.isinf() & (y == 0)
+        if values_hidden(x) or bool(z.any()): a = torch.where(z, 0.0, a)
+    return x.addcmul_(a, y)
+
 def _sweep(A, X, safe:bool=False):
-    "In place: inclusive scan of time-major pairs (A, X), shape (T, m), along dim 0; T a power of two. `safe`: multiply with `_mul`."
+    "In place: inclusive scan of time-major pairs (A, X), shape (T, m), along dim 0; T a power of two. `safe`: repair $\\infty \\cdot 0$ (`_addmul_`, `_mul`), with the same rounding."
     T, d = A.shape[0], 1
     def absorb(i, j):  # pair i absorbs pair j before it: (A, X)_j then (A, X)_i
-        if safe: X[i] += _mul(A[i], X[j]); A[i] = _mul(A[i], A[j])
-        else: X[i].addcmul_(A[i], X[j]); A[i].mul_(A[j])
+        _addmul_(X[i], A[i], X[j], safe)
+        if safe: A[i] = _mul(A[i], A[j])
+        else: A[i].mul_(A[j])
     while d < T:  # up-sweep: the right element of each pair absorbs the left one
         absorb(slice(2 * d - 1, T, 2 * d), slice(d - 1, T, 2 * d))
         d *= 2
@@ -119,8 +130,8 @@ def _sweep(A, X, safe:bool=False):
         d //= 2
 
 def _at_most_one(A):
-    "Whether every $|a| \\le 1$ (then no product of decays can overflow); NaN counts as no."
-    if A.is_complex(): return bool((A.abs() <= 1).all())
+    "Whether every $|a| \\le 1$ (then no product of decays can overflow); NaN counts as no, an empty `A` as yes."
+    if A.is_complex() or A.numel() == 0: return bool((A.abs() <= 1).all())
     lo, hi = torch.aminmax(A)
     return bool(lo >= -1) and bool(hi <= 1)
 
@@ -162,13 +173,12 @@ def _scan_cpu(a, b, h0, shape, dtype, T=64, block=1 << 20, reverse=False):
             s[:, :L].copy_(xs.flip(-1) if reverse else xs); s[:, L:] = pad  # identity pairs (1, 0) pad the last chunk
             W.copy_(s.view(m, T).t())
         if h2 is not None: X[0].view(n, nc)[:, 0].addcmul_(A[0].view(n, nc)[:, 0], h2[r0:r1])  # fold h_{-1} into b_0
-        grow = not _at_most_one(A)  # some |a| > 1: products may overflow, so multiply with _mul (inf * 0 = 0)
+        grow = not _at_most_one(A)  # some |a| > 1: products may overflow, so repair inf * 0 (the same rounding: causal either way)
         _sweep(A, X, grow)  # 2. local inclusive scans of every chunk
         if nc > 1:  # 3. true states at the chunk ends (the same scan, on 1/T of the data), then the fix-up
             ends = _scan_cpu(A[-1].view(n, nc), X[-1].view(n, nc), None, (n, nc), dtype, T, block)
             enter = torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1).view(1, m)
-            if grow: X += _mul(A, enter)
-            else: X.addcmul_(A, enter)
+            _addmul_(X, A, enter, grow)
         if Lp == L and not reverse: out[r0:r1].view(m, T).copy_(X.t()); continue  # 4. store (transposing back)
         if stage is None: stage = torch.empty(rb, Lp, dtype=dtype, device=b.device)
         s = stage[:n]
@@ -236,12 +246,17 @@ def _toeplitz_powers(a, T, dtype):
     return M.to(dtype), pw.to(dtype)
 
 def _scan_lti(a, b, h0, shape, dtype, T=16):
-    "Constant decay per sequence, a (..., 1): the local scans are one batched matmul with the Toeplitz matrix of powers, then a carry."
+    "Constant decay per sequence, a (..., 1): the local scans are one batched matmul with the Toeplitz matrix of powers, then a carry. Inputs that are NaN or infinite are scanned apart, by the sweep, and added."
     *batch, L = shape
+    x = b.to(dtype)
+    fin = torch.isfinite(x) if not bool(torch.isfinite(x.sum())) else None  # one cheap sum screens for NaN and inf
+    if fin is not None and not bool(fin.all()):  # h = scan(the finite part) + scan(the NaNs and infs): before the first NaN/inf, exactly the finite part's h
+        block = 1 << 20 if b.device.type == "cpu" else 1 << 62
+        return _scan_lti(a, torch.where(fin, x, 0), h0, shape, dtype, T) + _scan_cpu(a, torch.where(fin, 0, x), None, shape, dtype, block=block)
     T = min(T, 1 << (L - 1).bit_length())
     nc, pad = -(-L // T), -L % T
     M, pw = _toeplitz_powers(a, T, dtype)
-    x = b.to(dtype) if pad == 0 else F.pad(b.to(dtype), (0, pad))
+    if pad: x = F.pad(x, (0, pad))
     h = torch.matmul(x.unflatten(-1, (nc, T)), M.mT)  # (..., nc, T): local scans from zero
     hin = None if h0 is None else h0.to(dtype).expand(batch)
     if nc > 1:
@@ -252,10 +267,9 @@ def _scan_lti(a, b, h0, shape, dtype, T=16):
     h = h.flatten(-2)
     return h if pad == 0 else h[..., :L].contiguous()
 
-def _lti_ok(a, b, dtype):
-    "The matmul path is exact and causal when |a| <= 1 and every b is finite (0 times a later NaN would be NaN); else the sweep."
-    if values_hidden(b): return False
-    return _at_most_one(a) and bool(torch.isfinite(b.sum(dtype=dtype)))
+def _lti_ok(a, b):
+    "The matmul path when |a| <= 1 (no power of a overflows); it decides on `a` alone, never on the values of `b`, so that no later input changes how an earlier output is computed."
+    return not values_hidden(b) and _at_most_one(a)
 
 def _scan_traced(a, b, h0, shape, dtype, reverse=False, T=16, rounds=24):
     "For `torch.compile` with dynamic shapes: the chunked scan with no Python control flow that depends on the length."
@@ -282,20 +296,21 @@ def _scan_fast(a, b, h0, shape, dtype, reverse=False):
     if b.device.type == "meta": return torch.empty(shape, dtype=dtype, device="meta")
     if torch.compiler.is_compiling(): return _scan_traced(a, b, h0, shape, dtype, reverse)
     if _loop is not None and b.device.type == "cpu" and not torch.jit.is_tracing(): return _scan_loop(a, b, h0, shape, dtype, reverse)
-    if a.shape[-1] == 1 and shape[-1] > 1 and not reverse and _lti_ok(a, b, dtype): return _scan_lti(a, b, h0, shape, dtype)
+    if a.shape[-1] == 1 and shape[-1] > 1 and not reverse and _lti_ok(a, b): return _scan_lti(a, b, h0, shape, dtype)
     return _scan_cpu(a, b, h0, shape, dtype, block=1 << 20 if b.device.type == "cpu" else 1 << 62, reverse=reverse)
 
 # %% ../nbs/07_scan.ipynb #b636d5b7
 def _reverse_scan(a, b):
     "$g_t = a_t g_{t+1} + b_t$ from the end of the sequence; differentiable itself when autograd records (double backward)."
     shape = torch.broadcast_shapes(a.shape, b.shape)
-    if torch.is_grad_enabled(): return _Scan.apply(a.flip(-1) if a.shape[-1] > 1 else a, b.flip(-1), None).flip(-1)
+    if torch.is_grad_enabled(): return _scan_function().apply(a.flip(-1) if a.shape[-1] > 1 else a, b.flip(-1), None).flip(-1)
     return _scan_fast(a, b, None, shape, _dtype(a, b, None), reverse=True)
 
 def _save_scan(ctx, a, b, h0, h):
     "What the backward needs: a, h0 and h; of b only its shape and dtype (also used by notebook 10's Triton Function)."
     ctx.save_for_backward(a, h0, h)
     ctx.b_shape, ctx.b_dtype = b.shape, b.dtype
+    ctx.save_for_forward(a, h0, h)  # and the forward-mode derivative (`jvp`) the same
 
 def _sum_to(g, shape, dtype):
     "Reduce gradient `g` to an input's shape (undoing broadcasting) and dtype (the real part for a real input)."
@@ -315,19 +330,58 @@ def _scan_grads(ctx, gh, reverse_scan):
     dh0 = _sum_to(a.to(dtype)[..., 0].conj() * g[..., 0], h0.shape, h0.dtype) if h0 is not None and ctx.needs_input_grad[2] else None
     return da, db, dh0
 
+def _scan_tangent(ctx, ta, tb, th0, scan_fn):
+    "The forward-mode derivative: $\\dot h_t = a_t \\dot h_{t-1} + (\\dot a_t h_{t-1} + \\dot b_t)$, $\\dot h_{-1} = \\dot h_0$, one more scan `scan_fn(a, b, h0)`."
+    a, h0, h = ctx.saved_tensors
+    drive = 0 if tb is None else tb.to(h.dtype)
+    if ta is not None:
+        h_prev = torch.cat([(torch.zeros_like(h[..., :1]) if h0 is None else h0.to(h.dtype).expand(h.shape[:-1])[..., None]), h[..., :-1]], -1)
+        drive = drive + ta.to(h.dtype) * h_prev
+    if not isinstance(drive, Tensor): drive = torch.zeros_like(h)
+    return scan_fn(a, drive, th0)
+
+def _vmap_scan(info, in_dims, a, b, h0, scan_fn):
+    "The vmap rule: the scan already runs over any leading axes, so the mapped axis goes first, the other inputs broadcast against it."
+    ia, ib, ih = in_dims
+    r = max(a.ndim - (ia is not None), b.ndim - (ib is not None))  # the inputs' (unmapped) rank, time included
+    def first(x, d, rank):  # x with its mapped axis first and singleton axes up to rank + 1
+        if d is None: return x
+        x = x.movedim(d, 0)
+        return x.reshape(x.shape[:1] + (1,) * (rank + 1 - x.ndim) + x.shape[1:])
+    a, b, h0 = first(a, ia, r), first(b, ib, r), None if h0 is None else first(h0, ih, r - 1)
+    if ia is None and ib is None and ih is not None: a = a.reshape((1,) * (r + 1 - a.ndim) + a.shape).expand(info.batch_size, *(-1,) * r)  # only h0 mapped
+    return scan_fn(a, b, h0), 0
+
 class _Scan(torch.autograd.Function):
-    "The scan with its reverse-scan backward; half precision is computed in float32 and rounded once."
+    "The scan with its reverse-scan backward and its vmap rule; half precision is computed in float32 and rounded once; autocast is off inside."
     @staticmethod
-    def forward(ctx, a, b, h0):
+    @full_precision
+    def forward(a, b, h0):
         shape, dtype = torch.broadcast_shapes(a.shape, b.shape), _dtype(a, b, h0)
         work = torch.promote_types(dtype, torch.float32)
-        h = _scan_fast(a, b, h0, shape, work).to(dtype)
-        _save_scan(ctx, a, b, h0, h)
-        return h
+        return _scan_fast(a, b, h0, shape, work).to(dtype)
 
     @staticmethod
+    def setup_context(ctx, inputs, output): _save_scan(ctx, *inputs, output)
+
+    @staticmethod
+    @full_precision
     def backward(ctx, gh): return _scan_grads(ctx, gh, _reverse_scan)
 
+    @staticmethod
+    def vmap(info, in_dims, a, b, h0): return _vmap_scan(info, in_dims, a, b, h0, _scan_function().apply)
+
+class _ScanWithJvp(_Scan):
+    "`_Scan` with its forward-mode derivative (`torch.func.jvp`, `jacfwd`), for eager calls: Dynamo cannot trace a Function that defines `jvp`."
+    @staticmethod
+    @full_precision
+    def jvp(ctx, ta, tb, th0): return _scan_tangent(ctx, ta, tb, th0, _ScanWithJvp.apply)
+
+def _scan_function():
+    "The Function that `scan` applies: `_ScanWithJvp`, or `_Scan` under `torch.compile`."
+    return _Scan if torch.compiler.is_compiling() else _ScanWithJvp
+
+@full_precision
 def scan(
     a:Tensor, # decays $a_t$, (..., L); (..., 1) for a time-invariant decay
     b:Tensor, # inputs $b_t$, (..., L)
@@ -335,10 +389,10 @@ def scan(
     backend:str="auto", # "auto", "torch" or "triton"
     return_last:bool=False, # also return the last state $h_{L-1}$
 ): # $h$ (..., L), or ($h$, $h_{L-1}$)
-    "$h_t = a_t h_{t-1} + b_t$ along the last axis: the fast public scan, with a reverse-scan backward."
+    "$h_t = a_t h_{t-1} + b_t$ along the last axis: the fast public scan, with a reverse-scan backward; computed in the inputs' precision (float32 at least) whatever the caller's autocast; `torch.func` transforms (`vmap`, `grad`, `jvp`, `jacrev`, `jacfwd`) apply."
     _check_scan(a, b, h0)
     if resolve_backend(backend, b, has_triton=True, name="scan") == "triton":
         from ssm_course.triton_scan import scan_triton  # notebook 10; imported only when asked for
         h = scan_triton(a, b, h0)
-    else: h = _Scan.apply(a, b, h0)
+    else: h = _scan_function().apply(a, b, h0)
     return (h, h[..., -1]) if return_last else h

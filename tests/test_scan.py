@@ -289,3 +289,127 @@ def test_overflow_inside_a_chunk(dtype, a_val):
         assert ((h.double() - ref).abs() / ref.abs().clamp_min(1)).max() <= 2 * torch.finfo(dtype).eps
     huge = scan(torch.full((1, 200), 1e10, dtype=torch.float32), b.float())
     assert torch.equal(torch.isinf(huge), scan_sequential(torch.full((1, 200), 1e10, dtype=torch.float64), b.double()).abs() > torch.finfo(torch.float32).max)
+
+
+# ---- issue 25 items 4 and 7: causality, bitwise -----------------------------------------------------------------------------------
+BAD_VALUES = [float("nan"), float("inf"), -float("inf"), 1e30, 3e38]
+SCANS = {"scan": scan, "scan_parallel": scan_parallel, "scan_chunked": scan_chunked}
+
+
+@settings(max_examples=120, deadline=None)
+@given(batch=st.lists(st.integers(1, 4), min_size=0, max_size=2), L=st.integers(2, 300), where=st.floats(0, 1), bad=st.sampled_from(BAD_VALUES),
+       in_a=st.booleans(), lti=st.booleans(), hi=st.sampled_from([0.5, 1.0, 1.5]), with_h0=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.complex64]), f=st.sampled_from(sorted(SCANS)), seed=st.integers(0, 10_000))
+def test_later_values_leave_earlier_outputs_bitwise(batch, L, where, bad, in_a, lti, hi, with_h0, dtype, f, seed):
+    "Issue 25 items 4 and 7: a NaN, inf or huge value at step t (in b, or in a time-varying a) leaves every output before t bit-identical, on both CPU paths; a NaN makes every output from t on non-finite."
+    g = torch.Generator().manual_seed(seed)
+    t = min(L - 1, 1 + int(where * (L - 1)))
+    a = (torch.rand(*batch, 1 if lti else L, generator=g, dtype=torch.float64) * 2 * hi - hi).to(dtype)
+    b = torch.randn(*batch, L, generator=g, dtype=torch.float64).to(dtype)
+    h0 = torch.randn(batch, generator=g, dtype=torch.float64).to(dtype) if with_h0 else None
+    a2, b2 = a.clone(), b.clone()
+    (a2 if in_a and not lti else b2)[..., t] = bad
+    clean, dirty = SCANS[f](a, b, h0), SCANS[f](a2, b2, h0)
+    torch.testing.assert_close(dirty[..., :t], clean[..., :t], rtol=0, atol=0, equal_nan=True)
+    if bad != bad: assert not torch.isfinite(dirty[..., t:]).any()
+    ref = scan_sequential(*(x if x is None else x.to(torch.complex128 if dtype.is_complex else torch.float64) for x in (a, b, h0)))
+    fin = torch.isfinite(ref) & (ref.abs() < 1e30)
+    eps = torch.finfo(dtype).eps
+    assert ((clean - ref).abs() <= 1e3 * eps * (1 + ref.abs()))[fin].all()  # and the clean result is the loop's
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+@pytest.mark.parametrize("lti", [True, False])
+def test_nan_at_the_last_step_of_a_long_sequence(dtype, lti):
+    "Issue 25 item 7 where every level of the PyTorch path runs (L = 5000: 79 chunks of 64, then 2 of 64): NaN at the last step, in b or a, changes nothing before it (it changed 4.8e-7)."
+    g = torch.Generator().manual_seed(0)
+    a = (0.5 + 0.5 * torch.rand(3, 1 if lti else 5000, generator=g)).to(dtype)
+    b = torch.randn(2, 3, 5000, generator=g).to(dtype)
+    h = scan(a, b)
+    for x in ([b] if lti else [a, b]):
+        x0 = x.clone()
+        x[..., -1] = float("nan")
+        h2 = scan(a, b)
+        x.copy_(x0)
+        assert torch.equal(h2[..., :-1], h[..., :-1]) and h2[..., -1].isnan().all()
+
+
+# ---- issue 25 item 16: empty batches and the shortest sequences --------------------------------------------------------------------
+@pytest.mark.parametrize("shapes", [((0, 1), (0, 5)), ((3, 1), (0, 3, 5)), ((1,), (0, 7)), ((2, 0, 1), (2, 0, 9)), ((0, 4), (0, 4)),
+                                    ((2, 1), (2, 1)), ((2, 2), (2, 2)), ((1,), (3, 2)), ((3, 1), (3, 3))], ids=str)
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_empty_batch_and_short_sequences(shapes, with_h0):
+    "A zero batch gives an empty result (the time-invariant PyTorch path raised aminmax's RuntimeError); L = 1, 2, 3 equal the loop; gradients too."
+    g = torch.Generator().manual_seed(0)
+    a = (0.9 * torch.rand(shapes[0], generator=g, dtype=torch.float64)).requires_grad_()
+    b = torch.randn(shapes[1], generator=g, dtype=torch.float64, requires_grad=True)
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    h0 = torch.randn(shape[:-1], generator=g, dtype=torch.float64, requires_grad=True) if with_h0 else None
+    xs = [x for x in (a, b, h0) if x is not None]
+    for f in (scan, scan_parallel, scan_chunked, lambda *x: scan(*x, return_last=True)[0]):
+        h, ref = f(a, b, h0), scan_sequential(a, b, h0)
+        assert h.shape == shape
+        torch.testing.assert_close(h, ref, rtol=1e-12, atol=1e-12)
+        w = torch.randn(shape, generator=g, dtype=torch.float64)
+        for x, y in zip(torch.autograd.grad((h * w).sum(), xs, materialize_grads=True), torch.autograd.grad((ref * w).sum(), xs, materialize_grads=True)):
+            torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+
+
+# ---- issue 25 item 5: the caller's autocast does not lower the precision ------------------------------------------------------------
+@pytest.mark.parametrize("f", sorted(SCANS) + ["scan_sequential"])
+@pytest.mark.parametrize("lti", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_autocast_is_ignored(f, lti, dtype):
+    "Under torch.autocast('cpu', bfloat16) every scan computes in float32: bit-identical to the result without autocast, forward and gradients (the time-invariant PyTorch path was 6.8e-3 off)."
+    fn = {**SCANS, "scan_sequential": scan_sequential}[f]
+    g = torch.Generator().manual_seed(0)
+    a = (0.8 + 0.2 * torch.rand(4, 1 if lti else 300, generator=g)).to(dtype).requires_grad_()
+    b = torch.randn(4, 300, generator=g).to(dtype).requires_grad_()
+    h0 = torch.randn(4, generator=g).to(dtype).requires_grad_()
+    w = torch.randn(4, 300, generator=g).to(dtype)
+    def run():
+        h = fn(a, b, h0)
+        return [h] + list(torch.autograd.grad((h * w).real.sum(), (a, b, h0)))
+    plain = run()
+    with torch.autocast("cpu", torch.bfloat16): auto = run()
+    ref = scan_sequential(*(x.detach().to(torch.complex128 if dtype.is_complex else torch.float64) for x in (a, b, h0)))
+    assert ((plain[0] - ref).abs().max() / ref.abs().max()).item() < 1e-5  # the float32 result, checked against the loop
+    for x, y in zip(auto, plain): assert x.dtype == y.dtype and torch.equal(x, y)
+
+
+# ---- issue 25 item 18: torch.func ----------------------------------------------------------------------------------------------------
+from torch.func import vmap, grad, jvp, jacrev, jacfwd, hessian
+
+def _args(complex_=False, lti=False):
+    g = torch.Generator().manual_seed(5)
+    dt = torch.complex128 if complex_ else torch.float64
+    a = 0.9 * torch.rand(4, 3, 1 if lti else 6, generator=g, dtype=torch.float64).to(dt)
+    return a, torch.randn(4, 3, 6, generator=g, dtype=dt), torch.randn(4, 3, generator=g, dtype=dt)
+
+TRANSFORMS = {
+    "vmap": lambda s, a, b, h0: vmap(s)(a, b, h0),
+    "vmap in_dims=(1, 1, 1)": lambda s, a, b, h0: vmap(s, in_dims=(1, 1, 1))(a, b, h0),
+    "vmap a only": lambda s, a, b, h0: vmap(s, in_dims=(0, None))(a, b[0]),
+    "vmap b only": lambda s, a, b, h0: vmap(s, in_dims=(None, 0))(a[0], b),
+    "vmap h0 only": lambda s, a, b, h0: vmap(s, in_dims=(None, None, 0))(a[0], b[0], h0),
+    "vmap of vmap": lambda s, a, b, h0: vmap(vmap(s))(a, b, h0),
+    "grad": lambda s, a, b, h0: grad(lambda *x: (s(*x) * s(*x).conj()).real.sum(), argnums=(0, 1, 2))(a, b, h0),
+    "jvp": lambda s, a, b, h0: jvp(s, (a, b, h0), (b[..., :a.shape[-1]], a.expand(b.shape), b[..., 0])),
+    "jacrev": lambda s, a, b, h0: jacrev(s, argnums=(0, 1))(a[0, 0], b[0, 0]),
+    "jacfwd": lambda s, a, b, h0: jacfwd(s, argnums=(0, 1))(a[0, 0], b[0, 0]),
+    "vmap of grad": lambda s, a, b, h0: vmap(grad(lambda *x: (s(*x) * s(*x).conj()).real.sum(), argnums=(0, 1)))(a, b),
+    "hessian": lambda s, a, b, h0: hessian(lambda a: (s(a, b[0, 0]) ** 3).sum())(a[0, 0]),
+}
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch.func.jvp imports its decompositions
+@pytest.mark.parametrize("name", list(TRANSFORMS))
+@pytest.mark.parametrize("kind", ["real", "complex", "lti"])
+def test_torch_func_transforms(name, kind):
+    "Issue 25 item 18: vmap, grad, jvp, jacrev, jacfwd and compositions of scan equal the same transforms of the loop (they raised: no setup_context)."
+    args = _args(kind == "complex", kind == "lti")
+    if kind == "complex" and name in ("jacrev", "jacfwd", "hessian"): pytest.skip("torch.func's jacrev and jacfwd take real inputs only (the loop's jacobians too)")
+    got, ref = TRANSFORMS[name](scan, *args), TRANSFORMS[name](scan_sequential, *args)
+    got, ref = (got, ref) if isinstance(got, tuple) else ((got,), (ref,))
+    assert len(got) == len(ref)
+    for x, y in zip(got, ref): torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
