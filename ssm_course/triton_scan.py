@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 import triton
 import triton.language as tl
-from .scan import _check_scan, _save_scan
-from .checks import common_dtype, resolve_backend
+from .scan import _check_scan, _save_scan, _scan_grads, _scan_tangent, _vmap_scan
+from .checks import float_dtype, full_precision, resolve_backend
 
 # %% ../nbs/10_triton_scan.ipynb #c0436ae7
 @triton.jit
@@ -179,8 +179,8 @@ def _reduce(g, shape, dtype):
     return (g if dtype.is_complex else g.real).to(dtype)
 
 def _scan_dtype(a, b, h0):
-    "The dtype the kernels compute in and store: the inputs' common dtype, refused if double precision."
-    dtype = common_dtype(a, b, *([h0] if h0 is not None else []))
+    "The dtype the kernels compute in and store: the inputs' common dtype, integers promoted to the default float (as `scan`'s PyTorch path does), refused if double precision."
+    dtype = float_dtype(a, b, *([h0] if h0 is not None else []))
     if dtype in (torch.float64, torch.complex128): raise ValueError(f"the Triton scan computes in float32 (complex64); got {dtype}, use backend='torch' for double precision")
     return dtype
 
@@ -237,26 +237,46 @@ def _scan_bwd(a, b_shape, b_dtype, h0, h, gh):
     return da, db, None if h0 is None else _reduce(dh0.reshape(shape[:-1]), h0.shape, h0.dtype)
 
 # %% ../nbs/10_triton_scan.ipynb #cbe8b1c9
+def _reverse_scan_triton(a, b):
+    "$g_t = a_t g_{t+1} + b_t$ from the end by the forward kernel on flipped inputs, through `_ScanTriton`: differentiable."
+    return _scan_triton_function().apply(a.flip(-1) if a.shape[-1] > 1 else a, b.flip(-1), None).flip(-1)
+
 class _ScanTriton(torch.autograd.Function):
-    "The forward kernel, with the fused backward kernel as its gradient."
+    "The forward kernel, with the fused backward kernel as its gradient; under `create_graph=True` the backward is notebook 07's, differentiable, with the reverse scan through this Function. The vmap rule is notebook 07's."
     @staticmethod
-    def forward(ctx, a, b, h0):
-        h = _scan_fwd(a, b, h0)
-        _save_scan(ctx, a, b, h0, h)  # notebook 07's: a, h0 and h; of b only its shape and dtype
-        return h
+    def forward(a, b, h0): return _scan_fwd(a, b, h0)
 
     @staticmethod
+    def setup_context(ctx, inputs, output): _save_scan(ctx, *inputs, output)  # notebook 07's: a, h0 and h; of b only its shape and dtype
+
+    @staticmethod
+    @full_precision
     def backward(ctx, gh):
+        if torch.is_grad_enabled(): return _scan_grads(ctx, gh, _reverse_scan_triton)  # create_graph=True: second derivatives
         a, h0, h = ctx.saved_tensors
         return _scan_bwd(a, ctx.b_shape, ctx.b_dtype, h0, h, gh)
 
+    @staticmethod
+    def vmap(info, in_dims, a, b, h0): return _vmap_scan(info, in_dims, a, b, h0, _scan_triton_function().apply)
+
+class _ScanTritonWithJvp(_ScanTriton):
+    "`_ScanTriton` with notebook 07's forward-mode derivative, for eager calls (Dynamo cannot trace a Function that defines `jvp`)."
+    @staticmethod
+    @full_precision
+    def jvp(ctx, ta, tb, th0): return _scan_tangent(ctx, ta, tb, th0, _ScanTritonWithJvp.apply)
+
+def _scan_triton_function():
+    "The Function that `scan_triton` applies: `_ScanTritonWithJvp`, or `_ScanTriton` under `torch.compile`."
+    return _ScanTriton if torch.compiler.is_compiling() else _ScanTritonWithJvp
+
+@full_precision
 def scan_triton(
     a:Tensor, # decays, (..., L) or (..., 1) for a time-invariant decay; float32/16, bfloat16 or complex64
     b:Tensor, # inputs, (..., L)
     h0:Tensor|None=None, # initial state $h_{-1}$, (...)
 )->Tensor: # h, (..., L)
-    "The Triton scan $h_t = a_th_{t-1} + b_t$ with its fused backward (CUDA tensors, or CPU under TRITON_INTERPRET=1)."
-    return _ScanTriton.apply(a, b, h0)
+    "The Triton scan $h_t = a_th_{t-1} + b_t$ with its fused backward (CUDA tensors, or CPU under TRITON_INTERPRET=1); in float32 whatever the caller's autocast; double backward and `torch.func` transforms apply."
+    return _scan_triton_function().apply(a, b, h0)
 
 # %% ../nbs/10_triton_scan.ipynb #ap000002
 BENCH_SHAPE = (8, 1536, 4096)  # (batch, channels, L) of bench/gpu.py

@@ -78,7 +78,7 @@ def test_backward_saves_no_copy_of_b(with_h0):
     a = torch.rand(3, 20, generator=g).requires_grad_(); b = torch.randn(3, 20, generator=g).requires_grad_()
     h0 = torch.randn(3, generator=g).requires_grad_() if with_h0 else None
     h = scan(a, b, h0, backend="triton")
-    assert type(h.grad_fn).__name__ == "_ScanTritonBackward"
+    assert type(h.grad_fn).__name__ == "_ScanTritonWithJvpBackward"
     saved = [t for t in h.grad_fn.saved_tensors if t is not None]
     assert not any(t is b or t.data_ptr() == b.data_ptr() for t in saved) and len(saved) == 2 + with_h0
     assert (h.grad_fn.b_shape, h.grad_fn.b_dtype) == (b.shape, b.dtype)  # what the backward still needs of b
@@ -171,3 +171,68 @@ def test_gpu_image_imports():
             "print(len(ssm_course.gpu_report.perf_model()))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and int(res.stdout.split()[-1]) > 0, res.stderr[-2000:]
+
+
+# ---- issue 25 items 5, 18, 22 and 23: autocast, torch.func, integer inputs, second derivatives ---------------------------------------
+def test_scan_integer_inputs_promoted():
+    "Item 22: integer inputs are promoted to the default float, as on the PyTorch path (they raised an InterpreterError about fp_downcast_rounding)."
+    h = scan(torch.full((2, 5), 2), torch.ones(2, 5, dtype=torch.int32), torch.zeros(2, dtype=torch.int64), backend="triton")
+    assert h.dtype == torch.get_default_dtype() and h.tolist() == [[1.0, 3.0, 7.0, 15.0, 31.0]] * 2
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(3, 17, generator=g), torch.randint(-5, 5, (3, 17), generator=g)
+    assert rel(scan(a, b, backend="triton"), scan_sequential(a.double(), b.double())) < 1e-6
+    with pytest.raises(TypeError, match=r"\bb must be a real or complex"): scan(a, b.bool(), backend="triton")
+
+
+def hvp(f, xs, w, v):
+    "Gradients of sum(f(xs) conj(w)) with create_graph=True, then the gradients of their products with v: second derivatives."
+    gs = torch.autograd.grad((f(*xs) * w.conj()).real.sum(), xs, create_graph=True)
+    assert all(g.requires_grad for g in gs), "the gradient was detached"
+    return torch.autograd.grad(sum((g * u.conj()).real.sum() for g, u in zip(gs, v)), xs)
+
+
+@pytest.mark.parametrize("kind", ["real", "complex", "lti", "bcast"])
+def test_scan_double_backward(kind, monkeypatch):
+    "Item 23: with create_graph=True the gradient stays attached and second derivatives equal the float64 loop's (they were silently detached). gradgradcheck needs float64, which the Triton scan refuses: compared instead."
+    g = torch.Generator().manual_seed(1)
+    a, b, h0 = inputs(kind, 19, g)
+    w, v = torch.randn(b.shape, generator=g, dtype=b.dtype), [torch.randn(x.shape, generator=g, dtype=x.dtype) for x in (a, b, h0)]
+    ours = hvp(lambda *x: scan(*x, backend="triton"), [x.clone().requires_grad_() for x in (a, b, h0)], w, v)
+    ref = hvp(scan_sequential, [up(x).requires_grad_() for x in (a, b, h0)], up(w), [up(u) for u in v])
+    for name, o, r in zip("a b h0".split(), ours, ref): assert rel(o, r) < 1e-6, (name, rel(o, r))
+    import ssm_course.triton_scan as TS
+    calls, bwd = [], TS._scan_bwd
+    monkeypatch.setattr(TS, "_scan_bwd", lambda *args: (calls.append(1), bwd(*args))[1])
+    x = [t.clone().requires_grad_() for t in (a, b, h0)]  # without create_graph: the fused backward kernel, as before
+    (scan(*x, backend="triton") * w.conj()).real.sum().backward()
+    assert calls == [1] and not x[0].grad.requires_grad
+    hvp(lambda *x: scan(*x, backend="triton"), [t.clone().requires_grad_() for t in (a, b, h0)], w, v)
+    assert calls == [1]  # with create_graph: differentiable operations instead
+
+
+def test_scan_autocast_is_ignored():
+    "Item 5: under torch.autocast('cpu', bfloat16) the Triton scan's forward and gradients are bit-identical to those without autocast."
+    g = torch.Generator().manual_seed(2)
+    xs = [x.requires_grad_() for x in inputs("real", 21, g)]
+    w = torch.randn(xs[1].shape, generator=g)
+    def run():
+        h = scan(*xs, backend="triton")
+        return [h] + list(torch.autograd.grad((h * w).sum(), xs))
+    plain = run()
+    with torch.autocast("cpu", torch.bfloat16): auto = run()
+    assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(auto, plain))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch.func.jvp imports its decompositions
+def test_scan_torch_func():
+    "Item 18: vmap, grad, jvp and vmap of grad of the Triton scan equal the same transforms of the float64 loop."
+    from torch.func import vmap, grad, jvp
+    g = torch.Generator().manual_seed(3)
+    a, b, h0 = torch.rand(2, 3, 9, generator=g), torch.randn(2, 3, 9, generator=g), torch.randn(2, 3, generator=g)
+    loss = lambda s: (lambda *x: (s(*x) ** 2).sum())
+    cases = {"vmap": lambda s, *x: vmap(s)(*x), "vmap h0 only": lambda s, a, b, h0: vmap(s, in_dims=(None, None, 0))(a[0], b[0], h0),
+             "grad": lambda s, *x: grad(loss(s), argnums=(0, 1, 2))(*x), "jvp": lambda s, a, b, h0: jvp(s, (a, b, h0), (b, a, h0))[1],
+             "vmap of grad": lambda s, a, b, h0: vmap(grad(loss(s), argnums=(0, 1)))(a, b)}
+    for name, f in cases.items():
+        got, ref = f(lambda *x: scan(*x, backend="triton"), a, b, h0), f(scan_sequential, up(a), up(b), up(h0))
+        for o, r in zip(*((got, ref) if isinstance(got, tuple) else ((got,), (ref,)))): assert rel(o, r) < 1e-6, (name, rel(o, r))
