@@ -25,6 +25,7 @@ ROOT = HERE.parent
 # Copied into the site as they are (docs/THIRD_PARTY.md says where the font and MiniSearch come from).
 ASSETS = ["site.js", "fonts/STIXTwoMath-Regular.woff2", "fonts/OFL.txt", "vendor/minisearch.js", "vendor/minisearch-LICENSE.txt"]
 CODE_BG = "#f6f8fa"  # the code-cell background in style.css; token colours are darkened to 4.5:1 on it
+CODE_BG_DARK = "#161b22"  # the same in dark mode (style.css's prefers-color-scheme: dark); colours lightened to 4.5:1 on it
 MIN_CONTRAST = 4.5   # WCAG 2 AA for normal text
 _re_nb_link = re.compile(r"\]\((?:\./)?(\d+[a-z]?_[\w-]+|index)\.ipynb(#[\w-]*)?\)")
 _re_img_token = re.compile(r"ssm-img:(\d+)")
@@ -440,6 +441,23 @@ def _darken(colour: str, bg: str, target: float) -> str:
     return "#000000"
 
 
+def _lighten(colour: str, bg: str, target: float) -> str:
+    "`colour` mixed with white in small steps until its contrast on the dark `bg` reaches `target` (the hue is kept)."
+    rgb = [int(colour.lstrip("#")[i:i + 2], 16) for i in (0, 2, 4)]
+    for k in range(101):
+        c = "#" + "".join(f"{round(v + (255 - v) * k / 100):02x}" for v in rgb)
+        if contrast(c, bg) >= target: return c
+    return "#ffffff"
+
+
+def dark_code_css(css: str, bg=CODE_BG_DARK, target=MIN_CONTRAST + 0.1) -> str:
+    "The token colours of pandoc's highlighting CSS `css`, lightened to `target` contrast on `bg`, for dark mode."
+    rules = [f"  code span.{k} {{ color: {_lighten(c, bg, target)}; }}"
+             for k, c in re.findall(r"^code span\.(\w+) \{[^}]*?color: (#[0-9a-fA-F]{6})", css, re.M)]
+    return (f"/* code colours in dark mode: the same theme lightened to {MIN_CONTRAST}:1 on {bg} by docs/build.py */\n"
+            "@media (prefers-color-scheme: dark) {\n" + "\n".join(rules) + "\n}\n")
+
+
 def highlight_theme(path: Path, base="pygments", bg=CODE_BG, target=MIN_CONTRAST + 0.1) -> Path:
     "Pandoc's `base` highlighting theme with every token colour darkened to `target` contrast on `bg`; written to `path`."
     theme = json.loads(subprocess.run([pypandoc.get_pandoc_path(), "--print-highlight-style", base],
@@ -458,8 +476,16 @@ def highlight_theme(path: Path, base="pygments", bg=CODE_BG, target=MIN_CONTRAST
 # - `\bar` is a stretchy U+203E overline that reaches under a following superscript; MathJax uses a macron;
 # - `\overline{a_{t+1}}` (a conjugate) is a U+00AF macron, which Chromium leaves short, over the letter only;
 # - `\mathrel{+}=` is a binary + and a relation =, spaced apart ("a + = b");
-# - the rows of a display's `aligned` are set compact (small fractions, sums with limits at the side), not as TeX does.
+# - the rows of a display's `aligned` are set compact (small fractions, sums with limits at the side), not as TeX does;
+# - a prime is a superscript `<msup><mi>c</mi><mo>′</mo></msup>`, but the font's U+2032 is already a raised prime (its
+#   script-size variant needs the `ssty` feature, which Chromium does not apply), so it sits high and detached: "c ′";
+# - accents are combining marks (`\tilde` U+0303, `\hat` U+0302, `\dot` U+0307), which Chromium draws left of the
+#   letter ("~P") or stretched; the spacing accents (˜ ˆ ˙) of MathML Core's operator dictionary sit centred over it.
 MATHML = "http://www.w3.org/1998/Math/MathML"
+_PRIMES = "\u2032\u2033\u2034\u2057"  # ′ ″ ‴ ⁗
+# combining accent -> the spacing accent MathML Core's operator dictionary knows (U+02DC ˜, U+02C6 ˆ, U+02D9 ˙, ...)
+_SPACING_ACCENTS = {"\u0303": "\u02dc", "\u0302": "\u02c6", "\u0307": "\u02d9", "\u0308": "\u00a8", "\u030c": "\u02c7",
+                    "\u0306": "\u02d8", "\u0301": "\u00b4", "\u0300": "\u0060"}
 THIN = "0.1667em"  # TeX's \, : the space between an ordinary symbol and a function name
 _SCRIPTS = {"msub", "msup", "msubsup", "munder", "mover", "munderover"}
 
@@ -509,6 +535,21 @@ def _tidy_math(root) -> None:
             mover[1].text = "\u00af"; mover[1].set("stretchy", "false")
         elif len(mover) == 2 and (mover[1].text or "") == "\u00af" and mover[1].get("accent") == "true" and "stretchy" not in mover[1].attrib:
             mover[1].text = "\u203e"  # `\overline{a_{t+1}}`: pandoc's macron does not stretch in Chromium; the overline does
+    # a prime as the font draws it, right after its base: <mrow><mi>c</mi><mo>′</mo></mrow>; `x'_k` as x′ with subscript k
+    for box in list(root.iter()):
+        for i, el in enumerate(list(box)):
+            if _local(el) not in ("msup", "msubsup") or len(el) < 2 or _local(el[-1]) not in ("mo", "mi") \
+                    or not (el[-1].text or "").strip() or set(el[-1].text.strip()) - set(_PRIMES): continue
+            prime = ET.Element(f"{{{MATHML}}}mo", lspace="0", rspace="0"); prime.text = el[-1].text.strip()
+            row = ET.Element(f"{{{MATHML}}}mrow"); row.extend([el[0], prime])
+            if _local(el) == "msubsup":
+                new = ET.Element(f"{{{MATHML}}}msub"); new.extend([row, el[1]])
+            else: new = row
+            box.remove(el); box.insert(i, new)
+    for mover in root.iter(f"{{{MATHML}}}mover"):
+        if len(mover) == 2 and _local(mover[1]) == "mo" and (mover[1].text or "") in _SPACING_ACCENTS:
+            mover[1].text = _SPACING_ACCENTS[mover[1].text]; mover.set("accent", "true")
+            if _local(mover[0]) in ("mi", "mn"): mover[1].set("stretchy", "false")  # one letter: the accent's own width
     # `\mathrel{+}=` (an update, +=) comes out as a binary + and a relation =, spaced apart ("a + = b"): one operator
     for box in list(root.iter()):
         kids = list(box)
@@ -589,6 +630,23 @@ def param_tables(body: str) -> str:
     return re.sub(r'<div class="params">.*?</div>', one, body, flags=re.S)
 
 
+def wrap_tables(body: str) -> str:
+    "Each table in a box that scrolls sideways when the table is wider than the page (style.css draws the edge shadows)."
+    return re.sub(r"<table\b.*?</table>", lambda m: f'<div class="table-wrap">\n{m[0]}\n</div>', body, flags=re.S)
+
+
+INLINE_CODE_NOWRAP = 30  # characters: inline code up to this long is never broken across lines (style.css: nowrap)
+
+
+def inline_code(body: str) -> str:
+    """Inline code longer than INLINE_CODE_NOWRAP characters is marked `long`: it may break at its spaces and after a
+    `.`, `/` or `,` (a <wbr>), where shorter code stays on one line. Code blocks are left alone."""
+    def one(m):
+        if m[1] is None or len(html.unescape(m[1])) <= INLINE_CODE_NOWRAP: return m[0]
+        return '<code class="long">' + re.sub(r"([./,])(?=\S)", r"\1<wbr>", m[1]) + "</code>"
+    return re.sub(r"<pre\b.*?</pre>|<code>([^<]*)</code>", one, body, flags=re.S)
+
+
 def _permalinks(body: str) -> str:
     "A `#` link in each section heading, pointing at the section (pandoc puts the id on the `<section>`)."
     pat = re.compile(r'(<section id="(?P<id>[^"]+)"[^>]*>\s*<h(?P<lvl>[1-6])[^>]*>)(?P<text>.*?)</h(?P=lvl)>', re.S)
@@ -604,14 +662,18 @@ def render_page(page, pages, i, cfg, theme, fragment) -> str:
     "One finished HTML page."
     md, images = page["md"], page["images"]
     title, description, toc, body = (tidy_mathml(s) for s in _pandoc_html(md, theme, fragment))
-    body = images.restore(_permalinks(table_labels(param_tables(body))))
+    body = images.restore(_permalinks(wrap_tables(table_labels(param_tables(inline_code(body))))))
     nb = page["nb"]
-    colab = f"https://colab.research.google.com/github/{cfg.user}/{cfg.repo}/blob/{cfg.branch}/{cfg.nbs_path.name}/{nb.name}"
-    source = (f'Source notebook: <a href="nbs/{nb.name}" download>{cfg.nbs_path.name}/{nb.name}</a>'
-              f' (open it in Jupyter: <code>make lab</code>) · <a href="{colab}">Open in Colab</a>')
+    nb_path = f"{cfg.nbs_path.name}/{nb.name}"
+    colab = f"https://colab.research.google.com/github/{cfg.user}/{cfg.repo}/blob/{cfg.branch}/{nb_path}"
+    # the notebook as the repository shows it (pyproject.toml's Repository URL), rendered; the file itself to download
+    source = (f'Source notebook: <a href="{cfg.git_url}/blob/{cfg.branch}/{nb_path}">{nb_path}</a>'
+              f' (<a href="nbs/{nb.name}" download>download</a>; open it in Jupyter: <code>make lab</code>)'
+              f' · <a href="{colab}">Open in Colab</a>')
     toc = _strip_toc_ids(toc)
+    nxt = page.get("next", i + 1)
     prev_ = f'<a class="prev" rel="prev" href="{pages[i-1]["name"]}">← {html.escape(pages[i-1]["label"])}</a>' if i > 0 else "<span></span>"
-    next_ = f'<a class="next" rel="next" href="{pages[i+1]["name"]}">{html.escape(pages[i+1]["label"])} →</a>' if i + 1 < len(pages) else ""
+    next_ = f'<a class="next" rel="next" href="{pages[nxt]["name"]}">{html.escape(pages[nxt]["label"])} →</a>' if nxt < len(pages) else ""
     plain_title = _plain(page["meta"].get("title", nb.stem))
     head_title = cfg.title if plain_title == cfg.title else f"{plain_title} – {cfg.title}"
     desc = _plain(str(page["meta"].get("description", "")))
@@ -637,15 +699,19 @@ _ACCENTS.update({c: c for c in "\u0304\u0303\u0302\u0307\u0308\u030c\u0306\u20d7
 _BIG_OPS = set("∑∏∐∫∬∮⋃⋂⋁⋀")
 
 
-def _group(t: str) -> str:
-    "A sub-formula as one unit: in parentheses unless it is a single symbol, number or name."
-    return t if re.fullmatch(r"[\w.′″∗*⊤]+", t) or (t.startswith("(") and t.endswith(")") and t.count("(") == 1) else f"({t})"
+_TOKENS = {"mi", "mn", "mo", "mtext", "ms"}
 
 
-def _script(base: str, s: str, table: dict, mark: str) -> str:
+def _group(t: str, el) -> str:
+    "A sub-formula as one unit: in parentheses unless it is one symbol, number or name (a token) or already bracketed."
+    t = t.strip()
+    return t if _local(el) in _TOKENS | {"msqrt"} or len(t) <= 1 or re.fullmatch(r"\([^()]*\)", t) else f"({t})"
+
+
+def _script(base: str, s: str, el, table: dict, mark: str) -> str:
     if s in ("′", "″", "‴", "∗", "*", "⊤", "†") and mark == "^": return base + s
     if s and all(c in table for c in s): return base + "".join(table[c] for c in s)
-    return f"{base}{mark}{_group(s)}" if s else base
+    return f"{base}{mark}{_group(s, el)}" if s else base
 
 
 def math_text(el) -> str:
@@ -660,17 +726,17 @@ def math_text(el) -> str:
         if op in _SPACED: return f" {op} "  # pandoc writes a formula's leading sign as <mi>: an operator all the same
         return op + " " if op in (",", ";") else (el.text or "")
     if tag == "mspace": return " " if not re.match(r"\s*-", el.get("width", "")) else ""
-    if tag == "mfrac" and len(kids) == 2: return f"{_group(t(kids[0]).strip())}/{_group(t(kids[1]).strip())}"
-    if tag == "msqrt": return "√" + _group("".join(map(t, kids)).strip())
-    if tag == "mroot" and len(kids) == 2: return f"{_group(t(kids[1]).strip())}√{_group(t(kids[0]).strip())}"
+    if tag == "mfrac" and len(kids) == 2: return f"{_group(t(kids[0]), kids[0])}/{_group(t(kids[1]), kids[1])}"
+    if tag == "msqrt": return "√" + _group("".join(map(t, kids)), kids[0] if len(kids) == 1 else el)
+    if tag == "mroot" and len(kids) == 2: return f"{_group(t(kids[1]), kids[1])}√{_group(t(kids[0]), kids[0])}"
     if tag in ("msub", "msup", "msubsup", "munder", "mover", "munderover") and kids:
         base, scripts = t(kids[0]), [re.sub(r"\s+", "", t(k)) for k in kids[1:]]
         if tag == "mover" and len(scripts) == 1 and scripts[0] in _ACCENTS and len(base.strip()) == 1:
             return base.strip() + _ACCENTS[scripts[0]]
         if tag in ("munder", "mover") and len(scripts) == 1 and scripts[0] in ("⏟", "⏞", "_", "‾", "¯"): return base
-        sub = scripts[0] if tag in ("msub", "msubsup", "munder", "munderover") else ""
-        sup = scripts[-1] if tag in ("msup", "msubsup", "mover", "munderover") else ""
-        res = _script(_script(base, sub, _SUB, "_"), sup, _SUP, "^")
+        has_sub = tag in ("msub", "msubsup", "munder", "munderover")
+        sub, sup = (scripts[0] if has_sub else ""), (scripts[-1] if tag in ("msup", "msubsup", "mover", "munderover") else "")
+        res = _script(_script(base, sub, kids[1], _SUB, "_"), sup, kids[-1], _SUP, "^")
         return res + " " if base.strip() in _BIG_OPS else res
     if tag == "mtable":
         rows = [" ".join(t(c) for c in tr) for tr in kids]
@@ -763,6 +829,13 @@ def write_search(pages, out: Path, cfg, nav_pages):
 
 
 # ---------------------------------------------------------------- the site
+def start_page(md: str, pages) -> int | None:
+    """The page that the landing page's "Start here" line sends a newcomer to (its first link), by index in `pages`: the
+    landing page's "next" link goes there too, so that the text and the navigation agree (01, not 00, the notation)."""
+    m = re.search(r"Start here\b[^\n]*?\]\(([\w-]+\.html)(?:#[\w-]*)?\)", md)
+    return next((i for i, p in enumerate(pages) if m and p["name"] == m[1]), None)
+
+
 def build_site(out: Path, n_workers=0):
     cfg = get_config()
     cache = process(cfg, n_workers)
@@ -775,6 +848,8 @@ def build_site(out: Path, n_workers=0):
         label = "Overview" if nb.name == cfg.readme_nb else meta.get("title", nb.stem)
         pages.append(dict(nb=nb, meta=meta, md=_yaml_header(meta) + body, images=images, name=page_name(nb),
                           label=_plain(str(label)), num=num[1] if num else ""))
+    home = next((i for i, p in enumerate(pages) if p["nb"].name == cfg.readme_nb), None)
+    if home is not None and (start := start_page(pages[home]["md"], pages)) is not None: pages[home]["next"] = start
     quarto_bad = {nb.name: b for nb in notebooks(cfg.nbs_path) if (b := quarto_option_errors(json.loads(nb.read_text())))}
     if quarto_bad:  # our build reads them; Quarto (nbdev-docs) would not
         print("warning: cell options that are not YAML, which Quarto cannot read (quote the value): "
@@ -792,7 +867,7 @@ def build_site(out: Path, n_workers=0):
         css = pypandoc.convert_text("```python\nx = 1\n```", "html5", format="markdown",
                                     extra_args=["--standalone", f"--template={css_tpl}", f"--syntax-highlighting={theme}"])
         (out / "style.css").write_text((HERE / "style.css").read_text() + "\n/* code colours: pandoc's pygments theme, darkened to "
-                                       f"{MIN_CONTRAST}:1 on {CODE_BG} by docs/build.py */\n" + css)
+                                       f"{MIN_CONTRAST}:1 on {CODE_BG} by docs/build.py */\n" + css + dark_code_css(css))
         with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as ex:  # pandoc runs as a subprocess: threads suffice
             htmls = list(ex.map(lambda i: render_page(pages[i], pages, i, cfg, theme, fragment), range(len(pages))))
     shutil.rmtree(out / "figures", ignore_errors=True)

@@ -86,7 +86,8 @@
     document.querySelectorAll("form.search input").forEach(function (i) { i.value = q; });
     search(q, 50).then(function (hits) {
       var h = document.createElement("h2"), ol = document.createElement("ol");
-      h.textContent = hits.length ? hits.length + (hits.length === 50 ? "+" : "") + " sections match “" + q + "”" : "No section matches “" + q + "”";
+      var n = hits.length, counted = n === 1 ? "1 section matches" : n + (n === 50 ? "+" : "") + " sections match";
+      h.textContent = n ? counted + " “" + q + "”" : "No section matches “" + q + "”";
       hits.forEach(function (hit) { ol.appendChild(item(hit, true)); });
       out.replaceChildren(h, ol);
     });

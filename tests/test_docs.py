@@ -53,8 +53,9 @@ def parse(s):
 
 
 # ---------------------------------------------------------------- browser
-def browser_report(site: Path, pages, js: str, width=PHONE, height=844) -> dict:
-    """Load `pages` in iframes `width` px wide in one headless Chromium (network off) and return what `js` reports.
+def browser_report(site: Path, pages, js: str, width=PHONE, height=844, dark=False) -> dict:
+    """Load `pages` in iframes `width` px wide in one headless Chromium (network off) and return what `js` reports;
+    `dark`: with the reader's system set to dark mode (prefers-color-scheme: dark).
     `js` is the body of an async function of (doc, src) whose result is collected per page once fonts are loaded.
     One browser start for all pages, driven by --dump-dom: Playwright would download a browser of its own (no network
     here) and Selenium needs a chromedriver, while Debian's chromium-headless-shell is one apt package."""
@@ -77,6 +78,7 @@ window.addEventListener("load", async () => {{
                               "--disable-background-networking", "--disable-component-update", "--disable-sync",
                               "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9",
                               "--allow-file-access-from-files", "--virtual-time-budget=30000",
+                              *(["--blink-settings=preferredColorScheme=0"] if dark else []),
                               f"--user-data-dir={profile}", "--dump-dom", harness.as_uri()],
                              capture_output=True, text=True, timeout=120)
     m = re.search(r'<pre id="result">(.*?)</pre>', res.stdout, re.S)
@@ -117,10 +119,22 @@ const cellGaps = ["right", "left"].flatMap(side => [...doc.querySelectorAll(`mtd
 const alignedStyle = [...doc.querySelectorAll('math[display="block"] > semantics > mtable')].filter(t =>
   /^\s*\\begin\{aligned\}/.test((t.parentElement.querySelector("annotation") || {}).textContent || ""))
   .map(t => t.getAttribute("displaystyle"));
+// tables: wider than their box? the box scrolls, with edge shadows (gradients) that show through a translucent header
+const alpha = c => { const m = c.match(/rgba?\(([^)]*)\)/), p = m ? m[1].split(",") : []; return p.length === 4 ? +p[3] : 1; };
+const tables = [...doc.querySelectorAll("main table")].filter(t => t.offsetParent).map(t => { const w = t.parentElement, cs = win.getComputedStyle(w);
+  return {wide: Math.max(t.scrollWidth, t.getBoundingClientRect().width) > w.clientWidth + 1, overflowX: cs.overflowX, shadows: /radial-gradient/.test(cs.backgroundImage),
+          opaqueHeader: [...t.querySelectorAll("th")].some(th => alpha(win.getComputedStyle(th).backgroundColor) === 1)}; });
+// inline code broken across lines (code that build.py marks `long` may break at its spaces), and search boxes whose
+// placeholder does not fit: [text width, room] in px
+const brokenCode = [...doc.querySelectorAll(":not(pre) > code:not(.long)")].filter(c => c.getClientRects().length > 1).map(c => c.textContent).slice(0, 5);
+const placeholders = [...doc.querySelectorAll("form.search input")].filter(i => i.offsetParent).map(i => {
+  const cs = win.getComputedStyle(i), ctx = doc.createElement("canvas").getContext("2d");
+  ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+  return [Math.ceil(ctx.measureText(i.placeholder).width), i.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight)]; });
 // the landing page's course table: one card per notebook on a phone, every cell inside the screen
 const cells = [...doc.querySelectorAll(".course-table td")].map(td => td.getBoundingClientRect().right);
 return {scrollWidth: doc.documentElement.scrollWidth, viewport: vw, wide: wide.slice(0, 8), braces, wideMath, cellGaps, alignedStyle,
-        courseCells: cells.length, courseRight: Math.round(Math.max(0, ...cells)),
+        courseCells: cells.length, courseRight: Math.round(Math.max(0, ...cells)), tables, brokenCode, placeholders,
         maths: doc.querySelectorAll("math").length, mathml: doc.querySelectorAll("math mi, math mrow").length,
         tex: (prose.join(" ").match(/\$\$?[^$\s][^$]*\$/g) || []).slice(0, 3),
         font: [...doc.fonts].filter(f => f.family.replace(/"/g, "") === "STIX Two Math").map(f => f.status)};
@@ -205,6 +219,109 @@ def test_course_table_fits_a_phone(phone):
     assert r["courseCells"] >= 4 * 15 and r["courseRight"] <= r["viewport"], r
 
 
+def test_wide_tables_scroll_with_a_hint(phone):
+    """On a phone a table wider than the screen scrolls inside its own box, which shows shadows at the edges where more
+    columns are hidden (the header cells are translucent so that the shadows show through them too)."""
+    tables = [(p, t) for p, r in phone.items() for t in r["tables"]]
+    wide = [(p, t) for p, t in tables if t["wide"]]
+    assert len(wide) >= 5, f"only {len(wide)} of {len(tables)} tables are wider than {PHONE} px: the check needs some"
+    bad = [(p, t) for p, t in wide if t["overflowX"] != "auto" or not t["shadows"] or t["opaqueHeader"]]
+    assert not bad, f"{len(bad)} of {len(wide)} wide tables scroll without a hint: {bad[:3]}"
+
+
+def test_inline_code_and_search_box_fit(phone, desktop):
+    """Inline code up to INLINE_CODE_NOWRAP characters is never broken across lines (a phone and a desktop window), and the
+    search box shows its whole placeholder, "Search the course", in the sidebar and in the phone's top bar."""
+    for where, report in (("phone", phone), ("desktop", desktop)):
+        broken = {p: r["brokenCode"] for p, r in report.items() if r["brokenCode"]}
+        assert not broken, f"{where}: inline code broken across lines: {broken}"
+        cut = {p: r["placeholders"] for p, r in report.items() if any(w > room for w, room in r["placeholders"])}
+        assert not cut and all(r["placeholders"] for r in report.values()), f"{where}: placeholder wider than its box (px): {cut}"
+
+
+CONTRAST = r"""
+const win = doc.defaultView;
+const rgba = c => { const m = c.match(/rgba?\(([^)]*)\)/); if (!m) return null;
+  const p = m[1].split(/[\s,\/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
+const over = (f, b) => [0, 1, 2].map(i => f[i] * f[3] + b[i] * (1 - f[3])).concat(1);
+const bgOf = el => { const layers = [];
+  for (let a = el; a; a = a.parentElement) { const c = rgba(win.getComputedStyle(a).backgroundColor);
+    if (c && c[3] > 0) { layers.push(c); if (c[3] === 1) break; } }
+  return layers.reverse().reduce((b, c) => over(c, b), [255, 255, 255, 1]); };
+const lum = c => { const [r, g, b] = c.slice(0, 3).map(v => v / 255).map(v => v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4);
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+const ratio = (f, b) => { const [x, y] = [lum(f), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+const seen = new Set(), low = []; let n = 0, min = 99;
+const transparent = el => { for (let a = el; a; a = a.parentElement) if (win.getComputedStyle(a).opacity === "0") return true; return false; };
+const visible = el => el.getClientRects().length && win.getComputedStyle(el).visibility === "visible"
+  && !el.closest(".cell-output-html, figure") && !transparent(el);  // raw HTML outputs bring their own colours
+const check = (el, colour, what) => { const b = bgOf(el), f = over(rgba(colour), b), r = ratio(f, b); n++; min = Math.min(min, r);
+  if (r < 4.5) low.push(`${what}: ${r.toFixed(2)} (${colour} on rgb(${b.slice(0, 3).map(Math.round)}))`); };
+const walker = doc.createTreeWalker(doc.body, NodeFilter.SHOW_TEXT);
+while (walker.nextNode()) { const el = walker.currentNode.parentElement;
+  if (!walker.currentNode.data.trim() || seen.has(el) || el.closest("script, style")) continue;
+  seen.add(el); if (visible(el)) check(el, win.getComputedStyle(el).color, `${el.localName}.${el.className || ""} "${walker.currentNode.data.trim().slice(0, 30)}"`); }
+for (const i of doc.querySelectorAll("input")) if (visible(i)) check(i, win.getComputedStyle(i, "::placeholder").color, "placeholder");
+return {n, min: +min.toFixed(2), low: low.slice(0, 10), dark: lum(bgOf(doc.body)) < 0.05};
+"""
+CONTRAST_PAGES = ["index.html", "hippo.html", "conventions.html", "layers.html", "search.html?q=scan"]
+
+
+@pytest.fixture(scope="module")
+def desktop(site):
+    "Every page, as headless Chromium lays it out in a 1000 px wide window."
+    return browser_report(site, [p.name for p in pages_of(site)], PAGE_CHECKS, width=1000)
+
+
+@pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
+def test_text_contrast_in_light_and_dark_mode(site, dark):
+    """Every piece of text, math and code on five pages reaches WCAG AA (4.5:1) on the background it is drawn on, in the
+    light theme and in dark mode (prefers-color-scheme: dark), where the page is dark; at desktop and phone width."""
+    for width in (1000, PHONE):
+        report = browser_report(site, CONTRAST_PAGES if width == 1000 else CONTRAST_PAGES[:2], CONTRAST, width=width, dark=dark)
+        for page, r in report.items():
+            assert r["dark"] == dark, f"{page} at {width} px: dark mode {'not ' if dark else ''}applied"
+            assert r["n"] >= 50 and not r["low"], f"{page} at {width} px, {'dark' if dark else 'light'}: {len(r['low'])}+ texts under 4.5:1, e.g. {r['low']}"
+
+
+MATH_GLYPHS = r"""
+const em = el => parseFloat(doc.defaultView.getComputedStyle(el).fontSize), box = el => el.getBoundingClientRect();
+const accents = [...doc.querySelectorAll("mover")].filter(m => m.children.length === 2 && m.children[0].localName === "mi"
+    && /^[\u02dc\u02c6\u0303\u0302~^]$/.test(m.children[1].textContent.trim()))
+  .map(m => { const b = box(m.children[0]), r = doc.createRange(); r.selectNodeContents(m.children[1]); const a = r.getBoundingClientRect();
+              return [m.children[0].textContent, +(((a.left + a.right) - (b.left + b.right)) / 2 / em(m.children[0])).toFixed(2), +(a.width / em(m.children[0])).toFixed(2)]; });
+const primes = [...doc.querySelectorAll("mo, mi")].filter(p => /^[\u2032\u2033]$/.test(p.textContent.trim())).map(p => {
+  const base = p.previousElementSibling || (/^msu/.test(p.parentElement.localName) ? p.parentElement.children[0] : null);
+  const b = box(base), q = box(p), e = em(base);
+  return [base.textContent, +((q.left - b.right) / e).toFixed(2), +((b.top - q.top) / e).toFixed(2)]; });
+return {accents, primes};
+"""
+
+
+def test_primes_and_accents_sit_right(site):
+    """In Chromium a prime sits right after its letter at the letter's height (c′, not a detached superscript), and a
+    tilde or hat is a spacing accent centred over its letter (a combining mark has no width and is drawn left of it)."""
+    r = browser_report(site, ["hippo.html"], MATH_GLYPHS, width=1000)["hippo.html"]
+    assert len(r["primes"]) >= 10 and len(r["accents"]) >= 5, r
+    bad = [p for p in r["primes"] if not (-0.05 <= p[1] <= 0.15 and p[2] <= 0.3)]
+    assert not bad, f"primes detached (letter, gap em, rise above the letter's top em): {bad[:5]}"
+    bad = [a for a in r["accents"] if not (a[2] >= 0.2 and abs(a[1]) <= 0.1)]
+    assert not bad, f"accents off centre (letter, offset em, width em): {bad[:5]}"
+
+
+def test_primes_and_accents_mathml():
+    "A prime follows its base in an <mrow> (not a superscript); accents are MathML Core's spacing accents, on an accent <mover>."
+    def mathml(tex):
+        out = build.tidy_mathml(build.pypandoc.convert_text(f"${tex}$", "html5", format="markdown", extra_args=["--mathml"]))
+        return re.sub(r"<annotation.*?</annotation>", "", out, flags=re.S)
+    prime = '<mrow><mi>c</mi><mo lspace="0" rspace="0">\u2032</mo></mrow>'
+    assert prime in mathml("c' = Ac") and "<msup>" not in mathml("c' = Ac") and prime in mathml(r"c^{\prime}")
+    assert '<msub><mrow><mi>x</mi><mo lspace="0" rspace="0">\u2032</mo></mrow><mi>k</mi></msub>' in mathml("x'_k") and "<msup><mi>c</mi><mn>2</mn></msup>" in mathml("c^2")
+    assert '<mover accent="true"><mi>P</mi><mo accent="true" stretchy="false">\u02dc</mo></mover>' in mathml(r"\tilde P")
+    assert '<mover accent="true"><mi>y</mi><mo accent="true" stretchy="false">\u02c6</mo></mover>' in mathml(r"\hat y")
+    assert not re.search("[\u0300-\u036f]", mathml(r"\tilde P \hat y \dot x \ddot x \check x \breve x \widetilde{AB}"))
+
+
 def test_search_works_offline(site):
     "search.html?q=... finds sections with the prebuilt index from file://, no network; typing in a page's box lists hits."
     r = browser_report(site, ["search.html?q=selective+scan", "search.html?q=zzzqqq", "ssm.html"], r"""
@@ -223,7 +340,49 @@ def test_search_works_offline(site):
     assert any(h.startswith("s4.html") for h in r["ssm.html"]["hits"][:5]), r["ssm.html"]["hits"]
 
 
+def test_search_heading_counts(site):
+    "search.html says \"1 section matches\" for one hit and \"n sections match\" for more, never \"1 sections\"."
+    words, docs = {}, search_records(site)
+    for d in docs:
+        for w in set(re.findall(r"[a-z]{11,}", (d["t"] + " " + d["x"]).lower())): words.setdefault(w, []).append(d["id"])
+    by_doc = {}
+    for w, ids in sorted(words.items()):
+        if len(ids) == 1: by_doc.setdefault(ids[0], []).append(w)
+    # two long words that only one section has: a query that section alone matches (search is fuzzy and by prefix)
+    queries = [" ".join(ws[:2]) for ws in by_doc.values() if len(ws) >= 2][:5] + ["selective scan"]
+    r = browser_report(site, [f"search.html?q={q.replace(' ', '+')}" for q in queries], r"""
+      for (let i = 0; i < 100 && !doc.querySelector("#search-results h2"); i++) await new Promise(ok => setTimeout(ok, 50));
+      return {n: doc.querySelectorAll("#search-results li").length, heading: doc.querySelector("#search-results h2").textContent};""", width=1000)
+    counts = {q: (v["n"], v["heading"]) for q, v in zip(queries, r.values())}
+    for q, (n, heading) in counts.items():
+        want = "1 section matches" if n == 1 else f"{n}{'+' if n == 50 else ''} sections match" if n else "No section matches"
+        assert heading.startswith(want), (q, n, heading)
+    assert any(n == 1 for n, _ in counts.values()) and any(n > 1 for n, _ in counts.values()), counts
+
+
 # ---------------------------------------------------------------- static HTML
+def test_source_notebook_on_github(site):
+    """Each page's "Source notebook" link opens the notebook in the repository (pyproject.toml's Repository URL), which
+    GitHub renders, and not the raw JSON; the file itself stays available to download, offline."""
+    import tomllib
+    repo = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"].rstrip("/")
+    for nb in build.notebooks(ROOT / "nbs"):
+        s = (site / build.page_name(nb)).read_text()
+        source = re.search(r'<p class="source">Source notebook: <a href="([^"]+)">nbs/([^<]+)</a>', s)
+        assert source and source[1] == f"{repo}/blob/main/nbs/{nb.name}" and source[2] == nb.name, (nb.name, source and source[0])
+        assert f'<a href="nbs/{nb.name}" download>download</a>' in s
+
+
+def test_landing_page_next_is_where_it_says_to_start(site):
+    "The landing page says \"Start here: 01\", and its \"next\" link goes there too (00, the notation, is in the menu)."
+    s = (site / "index.html").read_text()
+    start = re.search(r"<strong>Start here:</strong>\s*<a href=\"([^\"#]+)", s)
+    assert start, "the landing page has no \"Start here\" link"
+    assert re.search(r'<a class="next" rel="next" href="([^"]+)"', s)[1] == start[1] == "ssm.html"
+    assert re.search(r'<a class="next" rel="next" href="([^"]+)"', (site / "conventions.html").read_text())[1] == "ssm.html"
+
+
+
 def test_one_page_per_notebook(site):
     nbs = build.notebooks(ROOT / "nbs")
     assert len(nbs) >= 3 and nbs[0].name == "index.ipynb"
@@ -389,7 +548,7 @@ def test_table_cells_labelled():
 def test_landing_page_lists_every_notebook(site):
     "The landing page's course table has one row per notebook, in course order, each cell labelled with its column."
     s = (site / "index.html").read_text()
-    table = re.search(r'<div class="course-table">\s*<table.*?</table>', s, re.S)[0]
+    table = re.search(r'<div class="course-table">\s*(?:<div class="table-wrap">\s*)?<table.*?</table>', s, re.S)[0]
     rows = re.findall(r"<tr\b.*?</tr>", table.split("</thead>")[1], re.S)
     assert [re.search(r'href="([^"#]+\.html)"', r)[1] for r in rows] == [build.page_name(nb) for nb in build.notebooks(ROOT / "nbs")[1:]]
     assert all(re.findall(r'<td data-label="([^"]*)"', r) == ["#", "Notebook", "What it teaches", "What it reproduces or checks"] for r in rows)
@@ -428,7 +587,7 @@ def test_landing_page_numbers_come_from_the_notebooks():
 def test_markdown_outputs_link_offline(site):
     "Links in Markdown() outputs go through the same rewriter as markdown cells: nothing points at the published site."
     for page in pages_of(site):
-        s = page.read_text()
+        s = re.sub(r'<p class="source">.*?</p>', "", page.read_text(), flags=re.S)  # the page's own notebook (test_source_notebook_on_github)
         assert "ssm-course.github.io" not in s, page.name
         assert not re.findall(r'href="(?!nbs/|https://colab\.research\.google\.com/)[^"]*\.ipynb', s), page.name
 
@@ -542,7 +701,7 @@ def test_api_entries_have_parameter_tables(site):
                 assert "$" not in re.sub(r"<annotation.*?</annotation>", "", table), f"{page.name}#{sid}: untypeset TeX"
     assert entries >= 100 and tables >= entries - 5, (entries, tables)
     hippo = re.search(r'<section id="hippo" class="level3 api">(.*?)</section>', (site / "hippo.html").read_text(), re.S)[1]
-    ret = re.search(r"<tr>\s*<td[^>]*><strong>Returns</strong></td>(.*?)</tr>", hippo, re.S)[1]
+    ret = re.search(r"<tr>\s*<td[^>]*><strong>Returns</strong></td>(.*?)</tr>", hippo, re.S)[1].replace("<wbr>", "")
     assert re.search(r"<msup><mi>c</mi>|<mi>c</mi><mo[^>]*>\u2032</mo>", ret) and "tuple[torch.Tensor, torch.Tensor]" in ret
 
 
@@ -580,14 +739,19 @@ def test_heading_permalinks(site):
 
 # ---------------------------------------------------------------- style
 def test_code_colours_contrast(site):
-    "Every syntax colour reaches WCAG AA (4.5:1) on the code background, comments and numbers included."
+    "Every syntax colour reaches WCAG AA (4.5:1) on the code background, comments and numbers included; in dark mode too."
     css = (site / "style.css").read_text()
-    hl = css[css.index("/* code colours"):]
+    hl = css[css.index("/* code colours"):css.index("/* code colours in dark mode")]
     colours = re.findall(r"code span\.(\w+) \{[^}]*?color: (#[0-9a-fA-F]{6})", hl)
     assert {"co", "dv", "fl"} <= {k for k, _ in colours}, colours
     low = [(k, c, round(build.contrast(c, build.CODE_BG), 2)) for k, c in colours if build.contrast(c, build.CODE_BG) < 4.5]
     assert not low, low
     assert f"--bg-code: {build.CODE_BG}" in css and "--main: 72rem" in css
+    dark = css[css.index("/* code colours in dark mode"):]
+    dark_colours = re.findall(r"code span\.(\w+) \{ color: (#[0-9a-fA-F]{6})", dark)
+    assert {k for k, _ in dark_colours} == {k for k, _ in colours} and f"--bg-code: {build.CODE_BG_DARK}" in css
+    low = [(k, c, round(build.contrast(c, build.CODE_BG_DARK), 2)) for k, c in dark_colours if build.contrast(c, build.CODE_BG_DARK) < 4.5]
+    assert not low, low
 
 
 def test_print_and_phone_styles(site):
@@ -599,7 +763,7 @@ def test_print_and_phone_styles(site):
     s = (site / "ssm.html").read_text()
     assert '<a class="skip-link" href="#content">' in s and '<main id="content">' in s
     assert '<details class="nav-menu">' in s and '<details class="toc-mobile">' in s
-    assert re.search(r"table \{ display: block; max-width: 100%; overflow-x: auto;", css)
+    assert re.search(r"\.table-wrap \{ max-width: 100%; overflow-x: auto;", css) and '<div class="table-wrap">' in s
 
 
 # ---------------------------------------------------------------- links, README
