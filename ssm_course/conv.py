@@ -13,9 +13,10 @@ import numpy as np
 import torch
 from torch import Tensor
 from .checks import (check_tensor, check_square, check_last_dim, check_size, broadcast_batch, float_dtype,
-                               compute_dtype, values_hidden)
+                               compute_dtype, values_hidden, full_precision)
 
 # %% ../nbs/04_convolution.ipynb #7acaa1df
+@full_precision
 def ssm_recurrence(
     Ad:Tensor, # discrete state matrix $\bar A$, (..., N, N)
     Bd:Tensor, # discrete input vector $\bar B$, (..., N)
@@ -24,7 +25,7 @@ def ssm_recurrence(
     x0:Tensor|None=None, # initial state $x_{-1}$, (..., N); zero if None
     return_state:bool=False, # also return the final state $x_{L-1}$
 ): # y (..., L), or (y, $x_{L-1}$) with `return_state`
-    r"The sequential reference: $x_k = \bar A x_{k-1} + \bar B u_k$, $y_k = C x_k$ for $k = 0, \dots, L-1$."
+    r"The sequential reference: $x_k = \bar A x_{k-1} + \bar B u_k$, $y_k = C x_k$ for $k = 0, \dots, L-1$, in the inputs' promoted precision (half in float32), whatever the caller's autocast."
     N = check_square(Ad, "Ad")
     check_last_dim(Bd, "Bd", N)
     check_last_dim(C, "C", N)
@@ -44,6 +45,7 @@ def ssm_recurrence(
     return (y, x.to(out)) if return_state else y
 
 # %% ../nbs/04_convolution.ipynb #b6d74c58
+@full_precision
 def krylov(
     Ad:Tensor, # discrete state matrix $\bar A$, (..., N, N)
     v:Tensor, # vector, (..., N)
@@ -61,13 +63,14 @@ def krylov(
         if V.shape[-1] < L: P = P @ P
     return V.to(out)
 
+@full_precision
 def ssm_kernel(
     Ad:Tensor, # discrete state matrix $\bar A$, (..., N, N)
     Bd:Tensor, # discrete input vector $\bar B$, (..., N)
     C:Tensor, # output vector, (..., N)
     L:int, # kernel length, at least 1
 )->Tensor: # $K_l = C\bar A^l\bar B$, (..., L)
-    "The SSM convolution kernel of a dense state matrix: $C$ times the Krylov matrix of $(\\bar A, \\bar B)$."
+    "The SSM convolution kernel of a dense state matrix: $C$ times the Krylov matrix of $(\\bar A, \\bar B)$, in the inputs' promoted precision (half in float32), whatever the caller's autocast."
     N = check_square(Ad, "Ad")
     check_last_dim(Bd, "Bd", N)
     check_last_dim(C, "C", N)
@@ -104,7 +107,7 @@ def fft_conv(u, K):
 try: import ducc0  # optional (`pip install "ssm_course[fast]"`): pocketfft's successor, faster than torch.fft here
 except ImportError: ducc0 = None  # then the CPU path transforms with torch.fft; tests set this to None to force that
 
-_GUARD = 16.0  # an input more than _GUARD times larger than every earlier input takes no part in the earlier outputs
+_GUARD = 16.0  # an input or tap that makes (largest |u| so far) x (largest |K| so far) jump by more than _GUARD takes no part in the earlier outputs
 _CPU_MIN_L, _CPU_MIN_SIZE = 1024, 2**18  # the CPU path runs for rows at least this long and batches at least this big
 _ROWS = 8  # FFT rows per block of the CPU path: ducc0 vectorizes across them, and 8 rows of 2L samples stay in cache
 
@@ -148,52 +151,62 @@ def _spectra(A, n):
     buf = np.zeros((len(A), n), A.dtype); buf[:, :A.shape[1]] = A
     return ducc0.fft.r2c(buf, axes=(1,), nthreads=torch.get_num_threads())
 
-def _np_pass(A, ia, Bm, ib, eK, L, rows=_ROWS):
-    """One pass of the CPU path. Row r: the first `L` outputs of the convolution of `A[ia[r], :L]` with `Bm[ib[r]]`, its
-    inputs zeroed from the first non-finite one (`bad[r]`, else `L`); `first[r]`: its first input within _GUARD of its largest."""
-    n, R = next_fast_len(L + Bm.shape[-1] - 1), len(ia)
-    FB = _spectra(Bm, n) if len(Bm) < R else None  # a kernel broadcast over rows: transform each of its rows once
+def _np_ratios(X, h, n):
+    "Per row: $\\max_{s \\le t}|x_s|/h$ for $t < n$ (1 where $h = 0$); rows shorter than `n` are extended by their last value."
+    m = np.maximum.accumulate(np.abs(X[:, :n]), axis=-1)
+    if m.shape[1] < n: m = np.concatenate([m, np.repeat(m[:, -1:], n - m.shape[1], -1)], -1)
+    with np.errstate(invalid="ignore", divide="ignore"): return np.where(h[:, None] > 0, m / h[:, None], 1)
+
+def _np_pass(A, ia, Bm, ib, L, rows=_ROWS):
+    """One pass of the CPU path. Row r: the first `L` outputs of the convolution of `A[ia[r], :L]` with `Bm[ib[r]]` (finite),
+    its inputs zeroed from the first non-finite one (`bad[r]`, else `L`); `first[r]`: the first step t whose prefixes hold
+    inputs and taps that big: $(\\max_{s \\le t}|u_s|/\\max|u|)(\\max_{s \\le t}|K_s|/\\max|K|) \\ge 1/$_GUARD."""
+    n, R, W = next_fast_len(L + Bm.shape[-1] - 1), len(ia), min(64, L)
+    hK = np.maximum(Bm.max(-1), -Bm.min(-1))  # largest |K| per kernel row (finite here)
+    rK = _np_ratios(Bm, hK, W)  # (rows of Bm, W): the kernel's prefix maxima over the first W steps, usually enough
+    eK = _np_exponents(hK, Bm.dtype)  # huge kernel rows: divided by a power of 2 here (exact), multiplied back below
+    Bs = Bm * np.ldexp(1.0, -eK).astype(Bm.dtype)[:, None] if eK.any() else Bm  # what is transformed
+    FB = _spectra(Bs, n) if len(Bs) < R else None  # a kernel broadcast over rows: transform each of its rows once
     sa = _Spectra(n, L, A.dtype, rows)
-    sb = _Spectra(n, Bm.shape[-1], Bm.dtype, rows) if FB is None else None
+    sb = _Spectra(n, Bs.shape[-1], Bs.dtype, rows) if FB is None else None
     out, first, bad = np.empty((R, L), A.dtype), np.zeros(R, np.int64), np.full(R, L)
     for s in range(0, R, rows):
-        ua = sa.load(A, ia[s:s + rows])  # (r, L) view of the padded buffer: masked and scaled in place
+        ua, kb = sa.load(A, ia[s:s + rows]), ib[s:s + rows]  # (r, L) view of the padded buffer: masked and scaled in place
         hi = np.maximum(ua.max(-1), -ua.min(-1))  # largest |u| per row; NaN or inf marks a non-finite row
         for i in np.nonzero(~np.isfinite(hi))[0]:
             b = int((~np.isfinite(ua[i])).argmax()); ua[i, b:] = 0; bad[s + i] = b
             hi[i] = np.abs(ua[i]).max()
-        win = np.abs(ua[:, :64]) >= hi[:, None] / _GUARD  # the first input within _GUARD of the largest, usually early
+        win = _np_ratios(ua, hi, W) * rK[kb] >= 1 / _GUARD  # usually found among the first steps
         f = win.argmax(-1)
-        for i in np.nonzero(~win.any(-1))[0]: f[i] = (np.abs(ua[i]) >= hi[i] / _GUARD).argmax()
+        for i in np.nonzero(~win.any(-1))[0]:  # else over the whole row (at t = L - 1 both ratios are 1)
+            f[i] = (_np_ratios(ua[i:i + 1], hi[i:i + 1], L) * _np_ratios(Bm[kb[i]:kb[i] + 1], hK[kb[i]:kb[i] + 1], L) >= 1 / _GUARD).argmax()
         first[s:s + rows] = f
         eu = _np_exponents(hi, A.dtype)  # huge rows: divided by a power of 2 here (exact), multiplied back below
         if eu.any(): ua *= np.ldexp(1.0, -eu).astype(A.dtype)[:, None]
-        Y = _take(FB, ib[s:s + rows]) if FB is not None else (sb.load(Bm, ib[s:s + rows]), sb.fwd(len(ua)))[1]
+        Y = _take(FB, kb) if FB is not None else (sb.load(Bs, kb), sb.fwd(len(ua)))[1]
         X = sa.fwd(len(ua))
         X *= Y
         out[s:s + rows] = sa.inv(X, L)
-        for e in (eu, eK[ib[s:s + rows]]):  # one power of 2 at a time: each is a finite float
+        for e in (eu, eK[kb]):  # one power of 2 at a time: each is a finite float
             if e.any(): out[s:s + rows] *= np.ldexp(1.0, e).astype(A.dtype)[:, None]
     return out, first, bad
 
 def _np_causal(A, ia, Bm, ib, L, rows=_ROWS):
-    "Row r: the causal convolution of `A[ia[r], :L]` with `Bm[ib[r]]`, with steps 1 and 2, levels of step 2 in a loop."
-    LK = Bm.shape[-1]
+    "Row r: the causal convolution of `A[ia[r], :L]` with `Bm[ib[r]]`, with steps 1 to 3, levels of step 2 in a loop."
     badK, finK = np.full(len(Bm), L), np.isfinite(Bm)
     if not finK.all():  # a non-finite tap: zero from there on, NaN outputs from there on
         badK = np.where(finK.all(-1), L, (~finK).argmax(-1))
-        Bm = np.where(np.arange(LK) >= badK[:, None], 0, Bm).astype(Bm.dtype)
-    eK = _np_exponents(np.abs(Bm).max(-1), Bm.dtype)
-    if eK.any(): Bm = Bm * np.ldexp(1.0, -eK).astype(Bm.dtype)[:, None]
-    out, first, bad = _np_pass(A, ia, Bm, ib, eK, L, rows)
+        Bm = np.where(np.arange(Bm.shape[-1]) >= badK[:, None], 0, Bm).astype(Bm.dtype)
+    out, first, bad = _np_pass(A, ia, Bm, ib, L, rows)
     bad = np.minimum(bad, badK[ib])
     live = np.arange(len(ia))  # the rows of `out` that the current level recomputes
-    while (first > 0).any():  # step 2, level by level: outputs before `first` from the inputs before it only
+    while (first > 0).any():  # step 2, level by level: outputs before `first` from the inputs and taps before it only
         sel = np.nonzero(first > 0)[0]
         P = int(first[sel].max())
         keep = np.arange(P) < first[sel][:, None]
-        A, ia, ib, live = np.where(keep, A[ia[sel], :P], 0).astype(A.dtype), np.arange(len(sel)), ib[sel], live[sel]
-        y, first, _ = _np_pass(A, ia, Bm[:, :P], ib, eK, P, rows)
+        Bm = np.where(keep[:, :min(P, Bm.shape[-1])], Bm[ib[sel], :P], 0).astype(Bm.dtype)  # each row its own kernel prefix
+        A, ia, ib, live = np.where(keep, A[ia[sel], :P], 0).astype(A.dtype), np.arange(len(sel)), np.arange(len(sel)), live[sel]
+        y, first, _ = _np_pass(A, ia, Bm, ib, P, rows)
         out[live, :P] = np.where(keep, y, out[live, :P])
     for r in np.nonzero(bad < L)[0]: out[r, bad[r]:] = np.nan
     return out
@@ -226,35 +239,21 @@ def _rows_np(x):
     "`x` as a (rows, length) NumPy array, sharing memory when it can."
     return x.detach().resolve_neg().reshape(-1, x.shape[-1]).numpy()
 
-class _CPUCausalConv(torch.autograd.Function):
-    "`causal_conv` of real CPU tensors in cache-sized blocks of rows (ducc0's FFT, else torch.fft's); backward: the two correlations (as `causal_conv`s of the reversed gradient when a double backward needs them)."
-    @staticmethod
-    def forward(ctx, u, K):
-        batch = torch.broadcast_shapes(u.shape[:-1], K.shape[:-1])
-        iu, iK = _row_index(batch, u.shape[:-1]), _row_index(batch, K.shape[:-1])
-        ctx.save_for_backward(u, K)
-        ctx.rows = (batch, iu, iK)
-        return torch.from_numpy(_np_causal(_rows_np(u), iu, _rows_np(K), iK, u.shape[-1])).reshape(*batch, u.shape[-1])
+def _np_grads(g, u, K, need_u, need_K):
+    """The CPU path's backward, the two correlations $\\partial/\\partial u_s = \\sum_t g_t K_{t-s}$ and $\\partial/\\partial K_l = \\sum_t g_t u_{t-l}$
+    with the conjugate spectrum, summed over the rows that broadcast; an empty tensor for a gradient not needed."""
+    batch, L, LK = g.shape[:-1], u.shape[-1], K.shape[-1]
+    iu, iK = _row_index(batch, u.shape[:-1]), _row_index(batch, K.shape[:-1])
+    n, G = next_fast_len(L + LK - 1), _rows_np(g.contiguous())
+    gu = gK = g.new_empty(0)
+    if need_u:
+        Ru = math.prod(u.shape[:-1])
+        gu = torch.from_numpy(_np_correlate(G, _rows_np(K), iK, L, iu if Ru < len(G) else None, Ru, n)).reshape(u.shape)
+    if need_K:
+        RK = math.prod(K.shape[:-1])
+        gK = torch.from_numpy(_np_correlate(G, _rows_np(u), iu, LK, iK if RK < len(G) else None, RK, n)).reshape(K.shape)
+    return gu, gK
 
-    @staticmethod
-    def backward(ctx, g):
-        u, K = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph: each correlation is a causal convolution of the reversed gradient, itself differentiable
-            gr = g.flip(-1)
-            gu = causal_conv(gr, K).flip(-1).sum_to_size(u.shape) if ctx.needs_input_grad[0] else None
-            gK = causal_conv(gr, u).flip(-1)[..., :K.shape[-1]].sum_to_size(K.shape) if ctx.needs_input_grad[1] else None
-            return gu, gK
-        batch, iu, iK = ctx.rows
-        L, LK = u.shape[-1], K.shape[-1]
-        n, G = next_fast_len(L + LK - 1), _rows_np(g.expand(*batch, L))
-        gu = gK = None
-        if ctx.needs_input_grad[0]:  # d/du_s = sum_t g_t K_{t-s}
-            Ru = math.prod(u.shape[:-1])
-            gu = torch.from_numpy(_np_correlate(G, _rows_np(K), iK, L, iu if Ru < len(G) else None, Ru, n)).reshape(u.shape)
-        if ctx.needs_input_grad[1]:  # d/dK_l = sum_t g_t u_{t-l}
-            RK = math.prod(K.shape[:-1])
-            gK = torch.from_numpy(_np_correlate(G, _rows_np(u), iu, LK, iK if RK < len(G) else None, RK, n)).reshape(K.shape)
-        return gu, gK
 
 # %% ../nbs/04_convolution.ipynb #d7f9e26d
 def _bad_from(x, L):
@@ -274,11 +273,18 @@ def _scaled_conv(u, K, hu, hK):
     y = fft_conv(u * torch.exp2(-eu)[..., None], K * torch.exp2(-eK)[..., None])  # exact: powers of 2
     return y * torch.exp2(eu)[..., None] * torch.exp2(eK)[..., None]  # one at a time: each is a finite float
 
-def _first_big(u, hu):
-    "(...,): per row, the first step with $|u_p| \\ge$ (largest $|u|$)/_GUARD; 0 for a row of zeros."
-    thr = (hu / _GUARD)[..., None]
-    win = u[..., :64].abs() >= thr  # usually found among the first steps: no pass over the whole row
-    return (win if bool(win.any(-1).all()) else u.abs() >= thr).to(torch.uint8).argmax(-1)
+def _ratios(x, h, n):
+    "(..., n): $\\max_{s \\le t}|x_s|/h$ for $t < n$ (1 where $h = 0$); a row shorter than `n` is extended by its last value."
+    m = x[..., :n].abs().cummax(-1).values
+    if m.shape[-1] < n: m = torch.cat([m, m[..., -1:].expand(*m.shape[:-1], n - m.shape[-1])], -1)
+    return torch.where(h[..., None] > 0, m / torch.where(h > 0, h, 1)[..., None], 1)
+
+def _first_big(u, K, hu, hK):
+    "(...,): per row of the broadcast, the first step with $(\\max_{s \\le t}|u_s|/\\max|u|)(\\max_{s \\le t}|K_s|/\\max|K|) \\ge 1/$_GUARD; 0 for a row of zeros."
+    n = min(64, u.shape[-1])
+    win = _ratios(u, hu, n) * _ratios(K, hK, n) >= 1 / _GUARD  # usually found among the first steps: no pass over the whole row
+    if not bool(win.any(-1).all()): win = _ratios(u, hu, u.shape[-1]) * _ratios(K, hK, u.shape[-1]) >= 1 / _GUARD  # true at the last step
+    return win.to(torch.uint8).argmax(-1)
 
 def _absmax(x):
     "(...,): the largest $|x|$ of each row (NaN or inf for a row with a non-finite value)."
@@ -287,24 +293,20 @@ def _absmax(x):
     return torch.maximum(x.amax(-1), -x.amin(-1))  # two fast passes (vector_norm and aminmax are slower on CPU)
 
 def _guarded(u, K, hu, hK):
-    "Step 2 around `_scaled_conv`: each level recomputes the outputs before every row's first big input from the inputs before it."
+    "Step 2 around `_scaled_conv`: each level recomputes the outputs before every row's first big input or tap from the inputs and taps before it."
     y = _scaled_conv(u, K, hu, hK)
-    first = _first_big(u.detach(), hu)
-    while (P := int(first.max())) > 0:  # each level's largest input is under 1/_GUARD of the level before's
+    first = _first_big(u.detach(), K.detach(), hu, hK)
+    while (P := int(first.max())) > 0:  # each level's (largest |u|) x (largest |K|) is under 1/_GUARD of the level before's
         head = torch.arange(P, device=u.device) < first[..., None]  # (..., P): the outputs this level recomputes
-        u, K = u[..., :P].masked_fill(~head, 0), K[..., :P]
-        hu = _absmax(u)
+        u, K = torch.where(head, u[..., :P], 0), torch.where(head[..., :min(P, K.shape[-1])], K[..., :P], 0)
+        hu, hK = _absmax(u), _absmax(K)
         y = torch.cat([torch.where(head, _scaled_conv(u, K, hu, hK), y[..., :P]), y[..., P:]], -1)
-        first = _first_big(u.detach(), hu)
+        first = _first_big(u.detach(), K.detach(), hu, hK)
     return y
 
 def _causal_torch(u, K):
-    "Steps 1 and 2 around `fft_conv` with torch operations (step 1 only, as masks, where values are hidden)."
+    "Steps 1 to 3 around `fft_conv` with torch operations (any device, real or complex; differentiable)."
     L = u.shape[-1]
-    if values_hidden(u) or values_hidden(K):  # torch.compile, meta tensors: no value-dependent branches
-        bad_u, bad_K = _bad_from(u, L), _bad_from(K, L)
-        y = fft_conv(u.masked_fill(bad_u, 0), K.masked_fill(bad_K[..., :K.shape[-1]], 0))
-        return y.masked_fill(bad_u, math.nan).masked_fill(bad_K, math.nan)
     hu, hK = _absmax(u), _absmax(K)
     if bool(torch.isfinite(hu).all() & torch.isfinite(hK).all()): return _guarded(u, K, hu, hK)  # the common case: no masks
     bad_u, bad_K = _bad_from(u, L), _bad_from(K, L)
@@ -312,29 +314,127 @@ def _causal_torch(u, K):
     y = _guarded(u, K, _absmax(u), _absmax(K))
     return y.masked_fill(bad_u, math.nan).masked_fill(bad_K, math.nan)
 
+@torch.library.custom_op("ssm_course::causal_conv", mutates_args=())
+def _causal_op(u:Tensor, K:Tensor) -> Tensor:
+    "The forward of `causal_conv` (same dtype and device, K no longer than u) as one operator: `torch.compile` calls it with real values."
+    batch, L = torch.broadcast_shapes(u.shape[:-1], K.shape[:-1]), u.shape[-1]
+    if u.device.type == "cpu" and not u.is_complex() and L >= _CPU_MIN_L and math.prod(batch) * L >= _CPU_MIN_SIZE:  # the row loop pays off only for long rows, big batches
+        iu, iK = _row_index(batch, u.shape[:-1]), _row_index(batch, K.shape[:-1])
+        return torch.from_numpy(_np_causal(_rows_np(u), iu, _rows_np(K), iK, L)).reshape(*batch, L)
+    return _causal_torch(u, K)
+
+@_causal_op.register_fake
+def _(u, K): return u.new_empty(*torch.broadcast_shapes(u.shape[:-1], K.shape[:-1]), u.shape[-1])
+
+@torch.library.custom_op("ssm_course::causal_conv_grads", mutates_args=())
+def _grads_op(g:Tensor, u:Tensor, K:Tensor, need_u:bool, need_K:bool) -> tuple[Tensor, Tensor]:
+    "`causal_conv`'s first-order backward: the two correlations by FFT, summed over broadcast rows (empty where not needed)."
+    if u.device.type == "cpu" and not u.is_complex(): return _np_grads(g, u, K, need_u, need_K)
+    n, (L, LK) = next_fast_len(u.shape[-1] + K.shape[-1] - 1), (u.shape[-1], K.shape[-1])
+    G = torch.fft.fft(g, n=n) if g.is_complex() else torch.fft.rfft(g, n=n)
+    def corr(x, m, shape):  # sum_t g_t x_{t-l}, l < m, summed in the spectrum over the rows that broadcast
+        X = torch.fft.fft(x, n=n) if g.is_complex() else torch.fft.rfft(x, n=n)
+        S = (G * X.conj()).sum_to_size(*shape[:-1], X.shape[-1])
+        return (torch.fft.ifft(S, n=n) if g.is_complex() else torch.fft.irfft(S, n=n))[..., :m].reshape(shape)
+    return corr(K, L, u.shape) if need_u else g.new_empty(0), corr(u, LK, K.shape) if need_K else g.new_empty(0)
+
+@_grads_op.register_fake
+def _(g, u, K, need_u, need_K): return (torch.empty_like(u) if need_u else g.new_empty(0)), (torch.empty_like(K) if need_K else g.new_empty(0))
+
+class _CausalConv(torch.autograd.Function):
+    "`causal_conv`'s operator with its gradients: the two correlations; as causal convolutions of the reversed gradient (differentiable) under create_graph and `torch.func`."
+    @staticmethod
+    def forward(u, K): return _causal_op(u, K)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output): ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, g):
+        u, K = ctx.saved_tensors
+        need_u, need_K = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # double backward or torch.func: sum_t g_t conj(K_{t-s}) = (conj(K) * reversed g) reversed, likewise for K
+            gr = g.flip(-1)
+            gu = _CausalConv.apply(gr, K.conj()).flip(-1).sum_to_size(u.shape) if need_u else None
+            gK = _CausalConv.apply(gr, u.conj()).flip(-1)[..., :K.shape[-1]].sum_to_size(K.shape) if need_K else None
+            return gu, gK
+        gu, gK = _grads_op(g, u, K, need_u, need_K)
+        return (gu if need_u else None), (gK if need_K else None)
+
+    @staticmethod
+    def vmap(info, in_dims, u, K):
+        "Under `torch.func.vmap`: the mapped axis becomes one more leading (broadcast) dimension of one call."
+        n = max(u.ndim - (in_dims[0] is not None), K.ndim - (in_dims[1] is not None))  # the larger logical rank
+        def lift(x, d):
+            x = x[None] if d is None else x.movedim(d, 0)
+            return x.reshape(x.shape[0], *([1] * (n + 1 - x.ndim)), *x.shape[1:])
+        return _CausalConv.apply(lift(u, in_dims[0]), lift(K, in_dims[1])), 0
+
+
 # %% ../nbs/04_convolution.ipynb #e8a0f37e
+@full_precision
 def causal_conv(
     u:Tensor, # input, time last, (..., L)
     K:Tensor, # kernel, (..., L_K); its leading dims broadcast with `u`'s; taps beyond L are not used
 )->Tensor: # $y_t = \sum_{s \le t} K_s u_{t-s}$, (..., L), in the promoted dtype of `u` and `K`
-    "Causal convolution along the last axis by FFT, for any length $L$; causal in floating point too (NaN, inf or huge later inputs)."
+    """Causal convolution along the last axis by FFT, for any length $L$; causal in floating point too: $y_t$ depends on
+    $u_0..u_t$ and $K_0..K_t$ only, in value (NaN, inf or huge later inputs or taps leave earlier outputs as the prefixes
+    alone give them), in eager mode and under `torch.compile` alike. Computed in the promoted dtype (half precision in
+    float32), whatever the caller's autocast. Differentiable to any order; `torch.func.vmap` and `torch.func.grad` work."""
     u, K = check_tensor(u, "u", min_ndim=1), check_tensor(K, "K", min_ndim=1)
     L = u.shape[-1]
     if L == 0: raise ValueError(f"u must have at least one time step, got shape {tuple(u.shape)}")
     if K.shape[-1] == 0: raise ValueError(f"K must have at least one tap, got shape {tuple(K.shape)}")
+    if u.device != K.device: raise ValueError(f"u and K must be on the same device, got u on {u.device} and K on {K.device}")
     batch = broadcast_batch(u=u.shape[:-1], K=K.shape[:-1])
     out, work = float_dtype(u, K), compute_dtype(u, K)  # integers give floats; half precision runs in float32
     u, K = u.to(work), K[..., :L].to(work)
     if math.prod(batch) == 0: return (torch.zeros(*batch, L, dtype=work, device=u.device) + 0 * (u.sum() + K.sum())).to(out)
-    cpu = u.device.type == K.device.type == "cpu" and not work.is_complex and not (values_hidden(u) or values_hidden(K))
-    cpu = cpu and L >= _CPU_MIN_L and math.prod(batch) * L >= _CPU_MIN_SIZE  # the row loop pays off only for long rows, big batches
-    return (_CPUCausalConv.apply(u, K) if cpu else _causal_torch(u, K)).to(out)
+    return _CausalConv.apply(u, K).to(out)
 
 # %% ../nbs/05_s4.ipynb #aa1d5fc0
-from .checks import real_dtype, to_precision
+from .checks import real_dtype, to_precision, full_precision, values_hidden, compute_dtype
 from .discretize import discretize, _check_dt
 
 # %% ../nbs/05_s4.ipynb #cc77594e
+def _cauchy_blocks(v, g, lam, skip, chunk):
+    "Yield (start, $1/(g_j - \\lambda_n)$ for the block's points, (..., N, Zc)), with the pole `skip[j]` left out (0) at point j."
+    Z = g.shape[-1]
+    for s in ([0] if Z <= chunk else range(0, Z, chunk)):  # one block: no loop over a symbolic length under torch.compile
+        d = g[..., None, s:s + chunk] - lam[..., :, None]  # (..., N, Zc)
+        if skip is not None:  # 1/inf = 0: the pole skip[j] drops out at point j
+            d = d.expand(*torch.broadcast_shapes(d.shape[:-2], skip.shape[:-1]), *d.shape[-2:])
+            d = d.scatter(-2, skip[..., None, s:s + chunk].expand(*d.shape[:-2], 1, -1), math.inf)
+        yield s, 1 / d
+
+class _Cauchy(torch.autograd.Function):
+    "The chunked sums; the backward recomputes each block of $1/(g - \\lambda)$ instead of saving it: $O(N + Z)$ saved, not $O(NZ)$."
+    generate_vmap_rule = True  # torch.func.vmap runs the same code batched
+
+    @staticmethod
+    def forward(v, g, lam, skip, chunk): return torch.cat([v @ w for _, w in _cauchy_blocks(v, g, lam, skip, chunk)], -1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        v, g, lam, skip, ctx.chunk = inputs
+        ctx.save_for_backward(v, g, lam, skip)
+
+    @staticmethod
+    def backward(ctx, go):  # out = v w with w = 1/(g - lam): d/dv = w, d/dg = -v w^2, d/dlam = v w^2 (conjugated: PyTorch's complex convention)
+        v, g, lam, skip = ctx.saved_tensors
+        need_v, need_g, need_lam = ctx.needs_input_grad[:3]
+        gv, gg, glam = 0, [], 0
+        for s, w in _cauchy_blocks(v, g, lam, skip, ctx.chunk):
+            go_s = go[..., s:s + w.shape[-1]]  # (..., M, Zc)
+            if need_v: gv = gv + go_s @ w.conj().mT  # (..., M, N)
+            if need_g or need_lam:
+                t = (v.conj().mT @ go_s) * (w * w).conj()  # (..., N, Zc): sum_m conj(v_mn) go_mj conj(w_nj^2)
+                if need_lam: glam = glam + t.sum(-1)
+                if need_g: gg.append(-t.sum(-2))
+        fit = lambda grad, x: None if grad is None else (grad if x.is_complex() else grad.real).sum_to_size(x.shape)
+        return (fit(gv, v) if need_v else None), (fit(torch.cat(gg, -1), g) if need_g else None), (fit(glam, lam) if need_lam else None), None, None
+
+@full_precision
 def cauchy(
     v:Tensor, # numerators, (..., M, N): M sums over the same N poles
     g:Tensor, # evaluation points, (..., Z)
@@ -342,19 +442,26 @@ def cauchy(
     chunk:int=4096, # evaluation points per block: memory $O(N\cdot$ chunk$)$
     skip:Tensor|None=None, # (..., Z) integer: the pole left out of the sums at each point; None leaves none out
 )->Tensor: # $\sum_n v_{mn}/(g_j - \lambda_n)$, (..., M, Z)
-    "Cauchy kernel: $M$ sums over $N$ poles at $Z$ points, chunked over the points."
+    """Cauchy kernel: $M$ sums over $N$ poles at $Z$ points, chunked over the points. The batch dims of `v`, `g`, `lam` and
+    `skip` broadcast. Computed in the inputs' promoted dtype (half precision in float32), whatever the caller's autocast. Training saves $O(N + Z)$
+    for the backward (each block is recomputed there), which is differentiable again (then saving the blocks);
+    `torch.func.grad` and `vmap` work."""
     lam = check_tensor(lam, "lam", min_ndim=1)
     g = check_tensor(g, "g", min_ndim=1)
     v = check_last_dim(v, "v", lam.shape[-1])
     if v.ndim < 2: raise ValueError(f"v must have shape (..., M, N), got shape {tuple(v.shape)}")
     chunk = check_size(chunk, "chunk")
-    outs, Z = [], g.shape[-1]
-    for s in ([0] if Z <= chunk else range(0, Z, chunk)):  # one block: no loop over a symbolic length under torch.compile
-        d = g[..., None, s:s + chunk] - lam[..., :, None]  # (..., N, Zc)
-        if skip is not None:  # 1/inf = 0: the pole skip[j] drops out at point j
-            d = d.scatter(-2, skip[..., None, s:s + chunk].expand(*d.shape[:-2], 1, -1), math.inf)
-        outs.append(v @ (1 / d))  # (..., M, Zc)
-    return torch.cat(outs, -1)
+    if skip is not None:
+        check_last_dim(check_tensor(skip, "skip"), "skip", g.shape[-1], "Z")  # one pole index per point
+        if skip.is_floating_point() or skip.is_complex() or skip.dtype == torch.bool:
+            raise TypeError(f"skip must be an integer tensor of pole indices, got dtype {skip.dtype}")
+        if not values_hidden(skip) and skip.numel() and not bool(((skip >= 0) & (skip < lam.shape[-1])).all()):
+            raise ValueError(f"skip must hold pole indices in [0, {lam.shape[-1]}), got values from {skip.min().item()} to {skip.max().item()}")
+        skip = skip.long()
+    broadcast_batch(v=v.shape[:-2], g=g.shape[:-1], lam=lam.shape[:-1], **({} if skip is None else {"skip": skip.shape[:-1]}))
+    out, work = float_dtype(v, g, lam), compute_dtype(v, g, lam)  # integers give floats; half precision runs in float32
+    return _Cauchy.apply(v.to(work), g.to(work), lam.to(work), skip, chunk).to(out)
+
 
 # %% ../nbs/05_s4.ipynb #e5a7c9d1
 def _nearest_poles(Lambda, P, dt, L):
@@ -386,6 +493,7 @@ def _matrix_power(A, L):
         A = A @ A
     return R
 
+@full_precision
 def ssm_kernel_dplr(
     Lambda:Tensor, # diagonal part $\Lambda$, (..., N), complex
     P:Tensor, # low-rank factor with its rank axis, (..., r, N), so `P.ndim > Lambda.ndim`; $A = \mathrm{diag}(\Lambda) - \sum_i P_i P_i^\ast$
@@ -396,7 +504,11 @@ def ssm_kernel_dplr(
     tilde:bool=False, # `C` is already $\tilde C$ (S4's trained parameter): skips the dense power, $O(N + L)$ memory
     chunk:int=4096, # frequencies per Cauchy block
 )->Tensor: # $K_l = C\bar A^l\bar B$ for the bilinear discretization, complex, (..., L)
-    "S4's kernel of $A = \\mathrm{diag}(\\Lambda) - PP^\\ast$: generating function at roots of unity, Woodbury bordered at the nearest pole, Cauchy kernel, inverse FFT."
+    """S4's kernel of $A = \\mathrm{diag}(\\Lambda) - PP^\\ast$: generating function at roots of unity, Woodbury bordered at the nearest
+    pole, Cauchy kernel, inverse FFT. Computed in complex64 or complex128 (the inputs' precision; half in complex64),
+    whatever the caller's autocast. The batch dims (all but the last of `Lambda`, `B`, `C`, all but the last two of `P`,
+    and `dt`'s) broadcast; an empty batch gives an empty result and $N = 0$ a zero kernel. With `tilde=True`, training
+    saves $O(N + L)$ for the backward (the Cauchy blocks are recomputed there)."""
     N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
     P = check_last_dim(P, "P", N)
     if P.ndim <= Lambda.ndim:  # the rank axis is never guessed from sizes: P's last two axes are always (r, N)
@@ -409,6 +521,9 @@ def ssm_kernel_dplr(
     dt = _check_dt(dt, Lambda, ())
     batch = broadcast_batch(Lambda=Lambda.shape[:-1], P=P.shape[:-2], B=B.shape[:-1], C=C.shape[:-1], dt=dt.shape)
     Lambda, B, C = (x.to(ctype).expand(*batch, N) for x in (Lambda, B, C))
+    if math.prod(batch) == 0 or N == 0:  # no channel, or no state: K = 0 (still connected to the inputs for autograd)
+        zero = sum(x.sum() for x in (Lambda, P, B, C, dt)) * 0
+        return to_precision(torch.zeros(*batch, L, dtype=ctype, device=Lambda.device) + zero, out)
     P, dt = P.to(ctype).expand(*batch, *P.shape[-2:]), dt.to(real_dtype(ctype)).expand(batch)[..., None]  # (..., r, N), (..., 1)
     r = P.shape[-2]
     if not tilde:  # C~ = C (I - dA^L) with the dense bilinear dA, in double precision
@@ -427,7 +542,7 @@ def ssm_kernel_dplr(
     k = cauchy(v, g, Lambda, chunk, skip=m).unflatten(-2, (1 + r, 1 + r)).movedim(-1, -3)  # (..., L, 1+r, 1+r): the sums k'
     k_CB, k_CP, k_PB, k_PP = k[..., 0, 0], k[..., 0, 1:], k[..., 1:, 0], k[..., 1:, 1:]
     at = lambda x: x.gather(-1, m)  # (..., L): x[..., m_k]
-    p_m = torch.stack([at(P[..., i, :]) for i in range(r)], -1)  # (..., L, r)
+    p_m = P.mT.gather(-2, m[..., None].expand(*m.shape, r))  # (..., L, r): P[..., :, m_k]
     M = torch.cat([torch.cat([torch.eye(r, dtype=ctype, device=Lambda.device) + k_PP, -p_m.conj()[..., :, None]], -1),
                    torch.cat([p_m[..., None, :], (g - at(Lambda))[..., None, None]], -1)], -2)  # (..., L, r+1, r+1)
     sol = torch.linalg.solve(M, torch.cat([k_PB, at(B)[..., None]], -1))  # (..., L, r+1): (y, x_m)

@@ -11,8 +11,8 @@ __all__ = ['MEASURES', 'hippo', 'hippo_basis', 'hippo_project', 'hippo_reconstru
 import math
 import torch
 from torch import Tensor
-from .checks import check_tensor, check_choice, check_size, check_positive, float_dtype, compute_dtype, real_dtype
-from .discretize import discretize
+from .checks import check_tensor, check_choice, check_size, check_positive, float_dtype, compute_dtype, real_dtype, full_precision
+from .discretize import discretize, _check_dt
 
 # %% ../nbs/03_hippo.ipynb #d0a4e359
 MEASURES = ("legs", "legt", "lagt", "fout")
@@ -33,6 +33,7 @@ def _fourier_ends(
     e[0], e[2::2] = 1.0, math.sqrt(2)
     return e
 
+@full_precision
 def hippo(
     measure:str, # "legs", "legt", "lagt" or "fout"
     N:int, # state size
@@ -63,6 +64,7 @@ def hippo(
     return A.to(dtype), B.to(dtype)
 
 # %% ../nbs/03_hippo.ipynb #82eb4e82
+@full_precision
 def hippo_basis(
     measure:str, # "legs", "legt", "lagt" or "fout"
     N:int, # number of basis functions
@@ -93,19 +95,20 @@ def hippo_basis(
     return torch.stack(basis).to(out)
 
 # %% ../nbs/03_hippo.ipynb #cdab53a9
+@full_precision
 def hippo_project(
     measure:str, # "legs", "legt", "lagt" or "fout"
     u:Tensor, # samples $u_k = u((k+1)\Delta)$, $k = 0, \dots, L-1$, (..., L), real or complex
     N:int, # state size
-    dt:float=1.0, # sample spacing in units of the memory's timescale (the window for legt/fout); unused by legs
-)->Tensor: # coefficients after each sample, (..., N, L)
-    "Run the HiPPO recurrence (bilinear steps, trapezoidal input) over `u`: the online projection of its history."
+    dt:float|Tensor=1.0, # sample spacing in units of the memory's timescale (the window for legt/fout), > 0: a number, or a tensor whose shape broadcasts with `u`'s batch dims (a step per sequence); checked but unused by legs
+)->Tensor: # coefficients after each sample, (..., N, L): the batch dims of `u` and `dt` broadcast
+    "Run the HiPPO recurrence (bilinear steps, trapezoidal input) over `u`: the online projection of its history. Computed in `u`'s precision (half in float32), whatever the caller's autocast."
     N = _check_measure(measure, N)
     u = check_tensor(u, "u", min_ndim=1)
     if u.shape[-1] == 0: raise ValueError(f"u must have at least one sample, got shape {tuple(u.shape)}")
-    check_positive(dt, "dt")
     out, cd = float_dtype(u), compute_dtype(u)
     u = u.to(cd)  # integers become float; half precision is computed in float32
+    dt = _check_dt(dt, u, u.shape[:-1])  # real, positive, finite, on u's device; its shape broadcasts with u's batch
     A, B = (m.to(u.device) for m in hippo(measure, N, real_dtype(cd)))
     L = u.shape[-1]
     ubar = (torch.cat([torch.zeros_like(u[..., :1]), u[..., :-1]], -1) + u) / 2  # trapezoid: (u_{k-1} + u_k)/2
@@ -121,20 +124,21 @@ def hippo_project(
             c = torch.linalg.solve_triangular(I - (h[i] / 2) * A, rhs[..., None], upper=False)[..., 0]
             cs.append(c)
     else:
-        dA, dB = discretize(A, B, dt, "bilinear")
-        dAT, inp = dA.T.to(cd), ubar[..., None] * dB.to(cd)  # inp: (..., L, N)
-        c, cs = torch.zeros(*u.shape[:-1], N, dtype=cd, device=u.device), []
+        dA, dB = discretize(A, B, dt, "bilinear")  # (*dt.shape, N, N), (*dt.shape, N)
+        dAT, inp = dA.mT.to(cd), ubar[..., None] * dB.to(cd)[..., None, :]  # inp: (..., L, N)
+        c, cs = torch.zeros(*torch.broadcast_shapes(u.shape[:-1], dt.shape), N, dtype=cd, device=u.device), []
         for i in range(L):
-            c = inp[..., i, :] + c @ dAT
+            c = inp[..., i, :] + (c[..., None, :] @ dAT)[..., 0, :]
             cs.append(c)
     return torch.stack(cs, -1).to(out)  # (..., N, L)
 
+@full_precision
 def hippo_reconstruct(
     measure:str, # "legs", "legt", "lagt" or "fout"
     c:Tensor, # coefficients at one time, (..., N)
     x:Tensor, # normalized ages at which to evaluate (see `hippo_basis`)
 )->Tensor: # $u(t - \text{age})$ estimated at each age: `c`'s batch shape followed by `x`'s shape
-    "The history encoded by HiPPO coefficients `c`: $\\sum_n c_n g_n(x)$."
+    "The history encoded by HiPPO coefficients `c`: $\\sum_n c_n g_n(x)$, in `c`'s precision (half in float32), whatever the caller's autocast."
     c = check_tensor(c, "c", min_ndim=1)
     out, cd = float_dtype(c), compute_dtype(c)
     G = hippo_basis(measure, c.shape[-1], x).to(device=c.device, dtype=cd)  # (N, ...)

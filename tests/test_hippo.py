@@ -152,3 +152,34 @@ def test_inputs_unchanged_outputs_finite(measure, N, L, batch, layout, complex_,
     G = hippo_basis(measure, N, x)
     for a, (copy, stride) in zip(args, copies): assert torch.equal(a, copy) and a.stride() == stride
     for o in (c, rec, G): assert torch.isfinite(torch.view_as_real(o) if o.is_complex() else o).all()
+
+
+@pytest.mark.parametrize("measure", MEASURES)
+def test_project_batched_dt(measure):
+    """Issue 25 item 22: a dt tensor (one step per sequence, broadcasting with u's batch dims) raised a broadcasting error.
+    Each sequence's coefficients equal the run with its own scalar step; legs checks dt and ignores it."""
+    g = torch.Generator().manual_seed(1)
+    u = torch.randn(3, 40, generator=g, dtype=torch.float64)
+    dts = torch.tensor([0.01, 0.05, 0.2], dtype=torch.float64)
+    c = hippo_project(measure, u, 5, dts)
+    assert c.shape == (3, 5, 40)
+    for i in range(3): torch.testing.assert_close(c[i], hippo_project(measure, u[i], 5, dts[i].item()), rtol=1e-13, atol=1e-13)
+    c2 = hippo_project(measure, u[0], 5, dts[:, None])  # dt with more dims than u's batch: (3, 1) against (): a batch of 3 x 1
+    assert c2.shape == (3, 1, 5, 40) if measure != "legs" else c2.shape == (5, 40)
+    with pytest.raises(ValueError, match=r"\bdt\b.*broadcast"): hippo_project(measure, u, 5, torch.full((2,), 0.1, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"\bdt\b"): hippo_project(measure, u, 5, torch.tensor([0.1, -0.1, 0.1], dtype=torch.float64))
+
+
+def test_ops_ignore_autocast():
+    """Issue 25 item 5: under torch.autocast("cpu", torch.bfloat16) float32 inputs are computed in float32, bit-identical to
+    the result without autocast (before: hippo_project's and hippo_reconstruct's matrix products ran in bfloat16)."""
+    u = torch.randn(2, 60, generator=torch.Generator().manual_seed(2))
+    x = torch.linspace(0, 1, 7)
+    for measure in MEASURES:
+        calls = {"hippo": lambda: hippo(measure, 6, torch.float32)[0], "hippo_basis": lambda: hippo_basis(measure, 6, x),
+                 "hippo_project": lambda: hippo_project(measure, u, 6, 0.05), "dplr": lambda: dplr(measure, 6)[1],
+                 "hippo_reconstruct": lambda: hippo_reconstruct(measure, hippo_project(measure, u, 6, 0.05)[..., -1], x)}
+        for name, f in calls.items():
+            ref = f()
+            with torch.autocast("cpu", torch.bfloat16): y = f()
+            assert y.dtype == ref.dtype and torch.equal(y, ref), (measure, name)
