@@ -17,7 +17,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 import triton
 import triton.language as tl
-from .checks import check_size
+from .checks import check_size, full_precision
+from .selective import _to_front, _fold_channels, _unfold_channels
+from .ssd import _growth_chunk
 from .triton_scan import scan_triton
 
 # %% ../nbs/11_triton_ssm.ipynb #f4bcec7f
@@ -126,10 +128,6 @@ def _kdiag_bwd_kernel(logr_ptr, turns_ptr, g_ptr, s_ptr, N, L, LAGS,
     tl.store(out + 2, s2r, mask=mn); tl.store(out + 3, s2i, mask=mn)
 
 # %% ../nbs/11_triton_ssm.ipynb #93898645
-def _to_front(x, d, size):
-    "`x` with its vmapped axis `d` first (`None`: broadcast to `size`)."
-    return x.expand(size, *x.shape) if d is None else x.movedim(d, 0)
-
 def _no_func_grad(op, *xs):
     "Refuse `torch.func.grad` (and jacrev, ...) in a Triton backward: its gradients arrive wrapped, and a kernel cannot read a wrapped tensor."
     if any(isinstance(x, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(x) for x in xs):
@@ -170,6 +168,7 @@ class _KernelDiag(torch.autograd.Function):
         (B, H, N) = dA.shape
         return _KernelDiag.apply(dA.reshape(B * H, N), W.expand(B, H, N).reshape(B * H, N), L, log).reshape(B, H, L), 0
 
+@full_precision
 def ssm_kernel_diag_triton(
     dA:Tensor, # discrete eigenvalues $\bar\lambda$, (..., N), float32 or complex64; with `log`, $\log\bar\lambda$ (float32/64 or complex64/128)
     dB:Tensor, # (..., N)
@@ -340,13 +339,18 @@ def _sel_config(d, layouts, backward=False, gpu:bool|None=None):
         if not fixed: BD = min(BD, dpg & -dpg)  # the largest power of two dividing the group size
     return min(BD, triton.next_power_of_2(d)), BT, nw
 
+def _sel_chunk(d, B, C, chunk):
+    "The chunk length used: `chunk` rounded down to a multiple of the block (at least one block), so that chunk boundaries fall on block ends."
+    BT = _sel_config(d, [_sel_layout(B, d), _sel_layout(C, d)])[1]
+    return max(BT, chunk // BT * BT)
+
 def _sel_fwd(u, delta, A, B, C, D, z, bias, x0, softplus, chunk):
     "y, the last state, the states entering each chunk (b, d, chunks, n) and the chunk length used."
     bsz, d, L = u.shape
     N = A.shape[1]
     lays = [_sel_layout(B, d), _sel_layout(C, d)]
     BD, BT, nw = _sel_config(d, lays)
-    CH = max(BT, chunk // BT * BT)  # chunk boundaries fall on block ends
+    CH = _sel_chunk(d, B, C, chunk)
     nch = triton.cdiv(L, CH)
     y, last = torch.empty(bsz, d, L, dtype=torch.float32, device=u.device), torch.empty(bsz, d, N, dtype=torch.float32, device=u.device)
     xs = torch.empty(bsz, d, nch, N, dtype=torch.float32, device=u.device)
@@ -375,15 +379,22 @@ def _sel_block_states(u, delta, A, B, bias, xs, softplus, CH):
 # %% ../nbs/11_triton_ssm.ipynb #k2cd0011
 class _SelectiveTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, u, delta, A, B, C, D, z, bias, x0, softplus, chunk):
-        y, last, xs, CH = _sel_fwd(u, delta, A, B, C, D, z, bias, x0, softplus, chunk)
-        ctx.save_for_backward(u, delta, A, B, C, D, z, bias, xs)  # the inputs and the chunk-boundary states only
-        ctx.softplus, ctx.CH, ctx.has_x0 = softplus, CH, x0 is not None
-        return y, last
+    def forward(u, delta, A, B, C, D, z, bias, x0, softplus, chunk):
+        y, last, xs, _ = _sel_fwd(u, delta, A, B, C, D, z, bias, x0, softplus, chunk)
+        return y, last, xs  # xs: the chunk-boundary states, kept for the backward
 
     @staticmethod
-    def backward(ctx, gy, glast):
+    def setup_context(ctx, inputs, output):
+        u, delta, A, B, C, D, z, bias, x0, softplus, chunk = inputs
+        ctx.mark_non_differentiable(output[2])
+        ctx.save_for_backward(u, delta, A, B, C, D, z, bias, output[2])  # the inputs and the chunk-boundary states only
+        ctx.softplus, ctx.CH, ctx.has_x0 = softplus, _sel_chunk(u.shape[1], B, C, chunk), x0 is not None
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # Triton kernels: a double backward raises instead of returning a detached zero
+    def backward(ctx, gy, glast, _):
         u, delta, A, B, C, D, z, bias, xs = ctx.saved_tensors
+        _no_func_grad("selective_scan", gy, glast, u)
         (bsz, d, L), N = u.shape, A.shape[1]
         lays = [_sel_layout(B, d), _sel_layout(C, d)]
         BD, BT, nw = _sel_config(d, lays, backward=True)
@@ -406,6 +417,14 @@ class _SelectiveTriton(torch.autograd.Function):
         return (du, ddelta, dA.sum(0), total(dBp, B), total(dCp, C), dD.sum(0) if D is not None else None, dz,
                 dbias.sum(0) if bias is not None else None, dx0 if ctx.has_x0 else None, None, None)
 
+    @staticmethod
+    def vmap(info, in_dims, u, delta, A, B, C, D, z, bias, x0, softplus, chunk):  # the mapped axis as more channels
+        V = info.batch_size
+        args = _fold_channels(V, in_dims[:9], (u, delta, A, B, C, D, z, bias, x0), ("b", "b", "d", "BC", "BC", "d", "b", "d", "b"))
+        y, last, xs = _SelectiveTriton.apply(*args, softplus, chunk)
+        return (_unfold_channels(V, y), _unfold_channels(V, last), _unfold_channels(V, xs)), (0, 0, 0)
+
+@full_precision
 def selective_scan_triton(
     u:Tensor, # input, (b, d, l)
     delta:Tensor, # raw step, (b, d, l)
@@ -420,7 +439,7 @@ def selective_scan_triton(
     initial_state:Tensor|None=None, # the state before the first step, (b, d, n)
     chunk:int=128, # steps between the states stored for the backward (rounded down to a multiple of the kernel's block)
 )->Tensor|tuple: # y (b, d, l) in u's dtype, or (y, last state)
-    "Mamba's selective scan as two Triton kernels, forward and backward, with the bias, softplus, $D$ and the $z$ gate fused; real $A$."
+    "Mamba's selective scan as two Triton kernels, forward and backward, with the bias, softplus, $D$ and the $z$ gate fused; real $A$; float32 whatever the caller's autocast; differentiable once (a double backward raises), `torch.func.vmap` supported, `torch.func.grad` raises."
     if A.is_complex() or B.is_complex() or C.is_complex():
         raise ValueError("the Triton selective scan handles real A, B, C; use backend='torch' for complex A")
     for X, name in [(u, "u"), (delta, "delta"), (A, "A"), (B, "B"), (C, "C"), (D, "D"), (z, "z"), (delta_bias, "delta_bias"), (initial_state, "initial_state")]:
@@ -428,10 +447,11 @@ def selective_scan_triton(
     chunk = check_size(chunk, "chunk")
     f = lambda X: None if X is None else X.float()  # a no-op for float32: B and C keep their strides
     c = lambda X: None if X is None else X.float().contiguous()
-    y, last = _SelectiveTriton.apply(c(u), c(delta), c(A), f(B), f(C), f(D), c(z), f(delta_bias), c(initial_state), delta_softplus, chunk)
+    y, last, _ = _SelectiveTriton.apply(c(u), c(delta), c(A), f(B), f(C), f(D), c(z), f(delta_bias), c(initial_state), delta_softplus, chunk)
     y = y.to(u.dtype)
     return (y, last) if return_last_state else y
 
+@full_precision
 def selective_forward_triton(
     u:Tensor, # input, (b, d, l), float32
     delta:Tensor, # the step, already positive, (b, d, l)
@@ -509,8 +529,12 @@ def _ssd_out_kernel(x_ptr, dt_ptr, C_ptr, cb_ptr, dA_ptr, hs_ptr, h0_ptr, y_ptr,
     xo = (row[:, None] * n_heads + h) * head_dim + p[None, :]
     x = tl.load(x_ptr + xo, mask=mt[:, None] & mp[None, :], other=0.0).to(tl.float32)
     cb = tl.load(cb_ptr + ((b.to(tl.int64) * G + grp) * NC + c) * Q * Q + q[:, None] * Q + q[None, :])  # the group's C B^T
-    decay = tl.exp(tl.where(q[:, None] >= q[None, :], cum[:, None] - cum[None, :], float("-inf")))  # the causal mask, in the exponent
-    y = tl.dot(cb * decay, x * dt[:, None], input_precision=PREC)  # inside the chunk
+    causal = q[:, None] >= q[None, :]
+    decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))  # the causal mask, in the exponent
+    xd = x * dt[:, None]
+    fin = tl.abs(xd) < float("inf")  # a NaN or infinite input would make 0 * it NaN in every earlier row: kept out of the product,
+    y = tl.dot(tl.where(causal, cb * decay, 0.0), tl.where(fin, xd, 0.0), input_precision=PREC)  # inside the chunk (where, not the mask's 0 times a NaN of C B^T)
+    y = tl.where(tl.cumsum(tl.where(fin, 0, 1), 0) > 0, float("nan"), y)  # and NaN from its step on, as in the loop
     for n0 in range(0, N, BLOCK_N):  # plus the entering state, read through C
         n = n0 + tl.arange(0, BLOCK_N)
         Cq = tl.load(C_ptr + (row[:, None] * G + grp) * N + n[None, :], mask=mt[:, None] & (n < N)[None, :], other=0.0).to(tl.float32)
@@ -645,38 +669,55 @@ def _heads_to_groups(X, g, dim):
     "Per-head partial gradients summed over the heads of each group."
     return X.unflatten(dim, (g, -1)).sum(dim + 1)
 
+def _fold_batch(fn, info, in_dims, *args):
+    "vmap of an SSD Function whose tensors all lead with the batch: the mapped axis folded into it, and unfolded from the outputs."
+    V = info.batch_size
+    out = fn.apply(*[_to_front(a, d, V).flatten(0, 1) if isinstance(a, Tensor) else a for a, d in zip(args, in_dims)])
+    return out.unflatten(0, (V, -1)), 0
+
 class _SSDCB(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, C, B, Q):
+    def forward(C, B, Q):
         (b, l, g, n), nc = B.shape, triton.cdiv(B.shape[1], Q)
         _, BN, prec = _ssd_config(16, n, B.dtype)
         cb = torch.empty(b, g, nc, Q, Q, dtype=torch.float32, device=B.device)
         _ssd_cb_kernel[(nc, b * g)](C, B, cb, l, g, n, nc, Q=Q, BLOCK_N=BN, PREC=prec, **_SSD_LAUNCH)
-        ctx.save_for_backward(C, B)
         return cb
 
     @staticmethod
+    def setup_context(ctx, inputs, output): ctx.save_for_backward(*inputs[:2])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, gcb):
         C, B = ctx.saved_tensors
+        _no_func_grad("ssd", gcb, C)
         (b, l, g, n), (nc, Q) = B.shape, gcb.shape[2:4]
         _, BN, prec = _ssd_config(16, n, B.dtype, backward=True)
         gC, gB = (torch.empty(b, l, g, n, dtype=torch.float32, device=B.device) for _ in range(2))
         _ssd_cb_bwd_kernel[(nc, b * g)](C, B, gcb.contiguous(), gC, gB, l, g, n, nc, Q=Q, BLOCK_N=BN, PREC=prec, **_SSD_LAUNCH)
         return gC.to(C.dtype), gB.to(B.dtype), None
 
+    @staticmethod
+    def vmap(info, in_dims, *args): return _fold_batch(_SSDCB, info, in_dims, *args)
+
 class _SSDState(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dt, B, dA):
+    def forward(x, dt, B, dA):
         (b, l, h, p), (g, n), (nc, Q) = x.shape, B.shape[2:], dA.shape[2:]
         BP, BN, prec = _ssd_config(p, n, x.dtype)
         S = torch.empty(b, h, p, n, nc, dtype=torch.float32, device=x.device)
         _ssd_state_kernel[(nc, b * h, triton.cdiv(p, BP) * triton.cdiv(n, BN))](x, dt, B, dA, S, l, h, p, g, n, nc, Q=Q, BLOCK_P=BP, BLOCK_N=BN, PREC=prec, **_SSD_LAUNCH)
-        ctx.save_for_backward(x, dt, B, dA)
         return S
 
     @staticmethod
+    def setup_context(ctx, inputs, output): ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, gS):
         x, dt, B, dA = ctx.saved_tensors
+        _no_func_grad("ssd", gS, x)
         (b, l, h, p), (g, n), (nc, Q) = x.shape, B.shape[2:], dA.shape[2:]
         _, BN, prec = _ssd_config(p, n, x.dtype, backward=True)
         f32 = dict(dtype=torch.float32, device=x.device)
@@ -685,20 +726,27 @@ class _SSDState(torch.autograd.Function):
                                            Q=Q, BLOCK_P=max(16, triton.next_power_of_2(p)), BLOCK_N=BN, PREC=prec, **_SSD_LAUNCH)
         return gx.to(x.dtype), gdt.to(dt.dtype), _heads_to_groups(gB, g, 2).to(B.dtype), gdA
 
+    @staticmethod
+    def vmap(info, in_dims, *args): return _fold_batch(_SSDState, info, in_dims, *args)
+
 class _SSDOut(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dt, C, cb, dA, hs, h0):
+    def forward(x, dt, C, cb, dA, hs, h0):
         (b, l, h, p), (g, n), (nc, Q) = x.shape, C.shape[2:], dA.shape[2:]
         BP, BN, prec = _ssd_config(p, n, x.dtype)
         y = torch.empty_like(x)
         _ssd_out_kernel[(nc, b * h, triton.cdiv(p, BP))](x, dt, C, cb, dA, hs, h0 if h0 is not None else hs, y, l, h, p, g, n, nc,
                                                          HAS_H0=h0 is not None, Q=Q, BLOCK_P=BP, BLOCK_N=BN, PREC=prec, **_SSD_LAUNCH)
-        ctx.save_for_backward(x, dt, C, cb, dA, hs, h0)
         return y
 
     @staticmethod
+    def setup_context(ctx, inputs, output): ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, gy):
         x, dt, C, cb, dA, hs, h0 = ctx.saved_tensors
+        _no_func_grad("ssd", gy, x)
         (b, l, h, p), (g, n), (nc, Q) = x.shape, C.shape[2:], dA.shape[2:]
         _, BN, prec = _ssd_config(p, n, x.dtype, backward=True)
         f32, gy = dict(dtype=torch.float32, device=x.device), gy.contiguous()
@@ -711,21 +759,34 @@ class _SSDOut(torch.autograd.Function):
         return (gx.to(x.dtype), gdt.to(dt.dtype), _heads_to_groups(gC, g, 2).to(C.dtype), _heads_to_groups(gcb, g, 1), gdA + gdA2, ghs,
                 None if h0 is None else gh0.to(h0.dtype))
 
+    @staticmethod
+    def vmap(info, in_dims, *args): return _fold_batch(_SSDOut, info, in_dims, *args)
+
 # %% ../nbs/11_triton_ssm.ipynb #k3cd0009
+@full_precision
 def ssd_triton(
     x:Tensor, # (b, l, h, p), float32 or bfloat16
     dt:Tensor, # (b, l, h), positive
     A:Tensor, # (h,)
     B:Tensor, # (b, l, g, n)
     C:Tensor, # (b, l, g, n)
-    chunk_size:int=64, # steps per chunk (rounded up to a power of two of at least 16)
+    chunk_size:int=64, # steps per chunk (at most l, rounded up to a power of two of at least 16; halved for a fast-growing state)
     initial_states:Tensor|None=None, # (b, h, p, n)
 )->tuple: # (y without the D term in x's dtype, final states (b, h, p, n) in float32)
-    "SSD in Triton: $CB^T$ per chunk and group, chunk states, the state passing by notebook 10's scan, chunk outputs; each with a backward kernel."
+    """SSD in Triton: $CB^T$ per chunk and group, chunk states, the state passing by notebook 10's scan, chunk outputs; each with a backward kernel.
+
+    Float32 whatever the caller's autocast; differentiable once (a double backward raises); `torch.func.grad` raises. A growing state
+    (some $A > 0$) gets a chunk short enough that no decay factor inside it passes $e^{44}$, or a clear error where even 16 steps would."""
     for X, name in [(x, "x"), (dt, "dt"), (A, "A"), (B, "B"), (C, "C"), (initial_states, "initial_states")]:
         if X is not None and X.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the Triton ssd computes in float32 from float32 or bfloat16 inputs, got {name} in {X.dtype}; use backend='torch'")
-    Q = max(16, triton.next_power_of_2(check_size(chunk_size, "chunk_size")))
+    Q = max(16, triton.next_power_of_2(min(check_size(chunk_size, "chunk_size"), x.shape[1])))  # at most l, in the kernels' tiles
+    Qg = _growth_chunk(Q, Q, A, dt.float() * A.float(), torch.float32)  # a growing state: at most 44 / (largest dt A) steps
+    if Qg < 16:
+        g = (dt.float() * A.float()).nan_to_num(0, 0, 0).max().item()
+        raise ValueError(f"a growing state: dt A reaches {g:.3g} per step, so a chunk of 16 steps (the kernels' smallest) would form decay factors up to "
+                         f"e^{16 * g:.0f}, past the e^44 (the square root of float32's largest number) chunks are held to; use backend='torch' (it shortens its chunks down to one step)")
+    Q = min(Q, 1 << (Qg.bit_length() - 1))
     x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
     h0 = None if initial_states is None else initial_states.contiguous()
     dA = _ssd_dA(dt, A, Q)  # (b, h, chunks, Q)

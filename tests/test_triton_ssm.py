@@ -13,7 +13,7 @@ from ssm_course.selective import selective_scan, selective_scan_ref
 from ssm_course.ssd import ssd, ssd_ref
 
 pytest.importorskip("triton")
-from ssm_course.triton_ssm import ssm_kernel_diag_triton, selective_scan_triton, ssd_triton
+from ssm_course.triton_ssm import ssm_kernel_diag_triton, selective_scan_triton, selective_forward_triton, ssd_triton
 
 
 from conftest import rel
@@ -363,3 +363,89 @@ def test_perf_model_blocked_torch_path():
         assert r["bytes"] / 4.3e12 > r["flops"] / 67e12  # memory-bound at the H200's copy bandwidth and float32 peak
     H, N, L = 1024, 64, 16384
     assert sum(k["flops"] for k in rows["fwd"]["kernels"]) == 8 * H * N * L  # one complex matrix product: (L/T, N) x (N, T) per channel
+
+
+# ---------------------------------------------------------------- issue 25: Triton paths (causality, growth, chunk cap, autocast, torch.func)
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(l=st.integers(2, 40), which=st.sampled_from(["x", "B", "C", "dt"]), pick=st.integers(0, 1), frac=st.floats(0, 1), seed=st.integers(0, 2**16))
+def test_property_ssd_triton_causal_with_nonfinite_or_huge_later_values(l, which, pick, frac, seed):
+    "Issue 25 item 4: a NaN, an infinity or a huge value at step s leaves the kernels' outputs before s bit for bit unchanged (a NaN in x or B at step 20 made steps 16-19, its chunk, non-finite)."
+    kw = ssd_inputs(torch.Generator().manual_seed(seed), l=l, h=2, grp=1, p=3, n=4)
+    s = 1 + int(frac * (l - 2))
+    value = {"x": [math.nan, -1e30], "B": [math.inf, math.nan], "C": [math.nan, 1e30], "dt": [math.inf, 1e30]}[which][pick]
+    bad = {**kw, which: kw[which].clone()}
+    bad[which][:, s] = value
+    y, _ = ssd_triton(**kw, chunk_size=16)
+    y_bad, _ = ssd_triton(**bad, chunk_size=16)
+    assert torch.equal(y_bad[:, :s], y[:, :s])
+    if which == "x" and pick == 0: assert torch.isnan(y_bad[:, s:]).all()  # from its step on, as in the loop
+
+
+@pytest.mark.parametrize("A", [1.5, 2.5])
+def test_ssd_triton_growing_state(A):
+    "Issue 25 item 3, Triton path: A = 1.5 and 2.5 with chunk_size 64 (e^96, e^160 per chunk) gave NaN; the chunk falls to the largest power of two with dt A x chunk <= 44 (16 for both): the float64 loop's answer (observed 6.8e-8, 6.0e-8)."
+    g = torch.Generator().manual_seed(11)
+    l = 300
+    x = torch.zeros(1, l, 2, 4); x[:, -5:] = torch.randn(1, 5, 2, 4, generator=g)
+    kw = dict(x=x, dt=torch.ones(1, l, 2), A=torch.tensor([A, A]), B=torch.randn(1, l, 1, 8, generator=g), C=torch.randn(1, l, 1, 8, generator=g))
+    y, _ = ssd_triton(**kw)
+    assert torch.isfinite(y).all() and rel(y, ssd_ref(**{k: v.double() for k, v in kw.items()})) < 3e-7
+
+
+def test_ssd_triton_refuses_growth_past_its_smallest_chunk():
+    "dt A above 44 / 16 per step: even the kernels' smallest chunk would pass e^44; a ValueError says so and points to backend='torch', which computes it."
+    g = torch.Generator().manual_seed(12)
+    kw = dict(x=torch.randn(1, 20, 2, 4, generator=g), dt=torch.ones(1, 20, 2), A=torch.tensor([-1.0, 4.0]), B=torch.randn(1, 20, 1, 8, generator=g), C=torch.randn(1, 20, 1, 8, generator=g))
+    with pytest.raises(ValueError, match=r"growing state: dt A reaches 4 per step.*backend='torch'"): ssd(**kw, backend="triton")
+    assert torch.isfinite(ssd(**kw, backend="torch")).all()
+
+
+def test_ssd_triton_chunk_capped_at_the_length():
+    "Issue 25 item 17: chunk_size=4096 with l = 5 used Q = 4096 (a 4096 x 4096 C B^T per chunk, 64 MiB); now Q = 16, the kernels' smallest: no tensor above 2 KiB."
+    kw = ssd_inputs(torch.Generator().manual_seed(13), l=5, h=2, grp=1, p=3, n=4)
+    from test_ssd import _Largest
+    with _Largest() as m: y, _ = ssd_triton(**kw, chunk_size=4096)
+    assert m.bytes <= 2048, m.bytes
+    assert rel(y, ssd_ref(**{k: v.double() for k, v in kw.items()})) < 1e-6
+
+
+def test_triton_ops_ignore_autocast():
+    "Issue 25 item 5: under torch.autocast('cpu', bfloat16) every Triton op returns what it returns without (bit for bit)."
+    g = torch.Generator().manual_seed(14)
+    kw = ssd_inputs(g, l=20, h=2, grp=1, p=3, n=4)
+    sk = sel_inputs(g, 3, 3, l=20)
+    dA, dB, C = kdiag_inputs(g, 2, 4)
+    calls = [lambda: ssd_triton(**kw, chunk_size=16), lambda: selective_scan_triton(**sk, delta_softplus=True, return_last_state=True),
+             lambda: ssm_kernel_diag_triton(dA, dB, C, 40), lambda: ssm_kernel_diag_triton(torch.log(dA), dB, C, 40, log=True),
+             lambda: selective_forward_triton(sk["u"], F.softplus(sk["delta"]), sk["A"], sk["B"], sk["C"], sk["initial_state"], 16)[:2]]
+    for f in calls:
+        plain = f()
+        with torch.autocast("cpu", torch.bfloat16): cast = f()
+        for a, b in zip(plain if isinstance(plain, tuple) else [plain], cast if isinstance(cast, tuple) else [cast]): assert torch.equal(a, b)
+
+
+def test_selective_and_ssd_triton_vmap_double_backward_func_grad():
+    "Issue 25 items 18 and 23: vmap works on the Triton paths (the mapped axis becomes channels or batch); a double backward and torch.func.grad raise clearly (the gradient with create_graph=True was silently detached)."
+    g = torch.Generator().manual_seed(15)
+    V, b, d, n, l = 2, 2, 4, 2, 20
+    u, dl, A, B, C = torch.randn(V, b, d, l, generator=g), torch.randn(V, b, d, l, generator=g), -torch.rand(V, d, n, generator=g), torch.randn(V, b, 2, n, l, generator=g), torch.randn(b, 2, n, l, generator=g)
+    y = torch.func.vmap(lambda u, dl, A, B: selective_scan(u, dl, A, B, C, delta_softplus=True, backend="triton"))(u, dl, A, B)
+    for v in range(V): assert rel(y[v], selective_scan_ref(u[v].double(), dl[v].double(), A[v].double(), B[v].double(), C.double(), delta_softplus=True)) < 1e-6
+    kw = ssd_inputs(g, b=2, l=20, h=2, grp=1, p=3, n=4, h0=False)
+    xs = torch.randn(V, *kw["x"].shape, generator=g)
+    y = torch.func.vmap(lambda x: ssd(x, kw["dt"], kw["A"], kw["B"], kw["C"], chunk_size=16, backend="triton"))(xs)
+    for v in range(V): assert rel(y[v], ssd_ref(xs[v].double(), *(kw[k].double() for k in ("dt", "A", "B", "C")))) < 1e-6
+    for f, x in [(lambda x: selective_scan(x, dl[0], A[0], B[0], C, backend="triton"), u[0]), (lambda x: ssd(x, kw["dt"], kw["A"], kw["B"], kw["C"], backend="triton"), kw["x"])]:
+        xg = x.clone().requires_grad_()
+        gx, = torch.autograd.grad(f(xg).square().sum(), xg, create_graph=True)
+        with pytest.raises(RuntimeError, match="differentiate twice"): gx.sum().backward()
+        with pytest.raises(NotImplementedError, match="torch.func.grad"): torch.func.grad(lambda x: f(x).sum())(x)
+
+
+def test_triton_mixed_devices_name_the_argument():
+    "Issue 25 item 22 through backend='triton': the public ops check devices before dispatching."
+    kw = ssd_inputs(torch.Generator().manual_seed(16), l=8, h=2, grp=1, p=3, n=4)
+    with pytest.raises(ValueError, match=r"^C is on device meta but x is on cpu"): ssd(**{**kw, "C": kw["C"].to("meta")}, backend="triton")
+    sk = sel_inputs(torch.Generator().manual_seed(17), 3, 3, l=8)
+    with pytest.raises(ValueError, match=r"^A is on device meta but u is on cpu"): selective_scan(**{**sk, "A": sk["A"].to("meta")}, backend="triton")
