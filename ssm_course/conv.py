@@ -109,6 +109,7 @@ except ImportError: ducc0 = None  # then the CPU path transforms with torch.fft;
 
 _GUARD = 16.0  # an input or tap that makes (largest |u| so far) x (largest |K| so far) jump by more than _GUARD takes no part in the earlier outputs
 _CPU_MIN_L, _CPU_MIN_SIZE = 1024, 2**18  # the CPU path runs for rows at least this long and batches at least this big
+_DIRECT = 64  # step 2 recomputes prefixes up to this long by the direct sums (O(P^2), causal term by term), not another FFT pass
 _ROWS = 8  # FFT rows per block of the CPU path: ducc0 vectorizes across them, and 8 rows of 2L samples stay in cache
 
 def _huge(dtype):
@@ -151,36 +152,42 @@ def _spectra(A, n):
     buf = np.zeros((len(A), n), A.dtype); buf[:, :A.shape[1]] = A
     return ducc0.fft.r2c(buf, axes=(1,), nthreads=torch.get_num_threads())
 
-def _np_ratios(X, h, n):
-    "Per row: $\\max_{s \\le t}|x_s|/h$ for $t < n$ (1 where $h = 0$); rows shorter than `n` are extended by their last value."
-    m = np.maximum.accumulate(np.abs(X[:, :n]), axis=-1)
-    if m.shape[1] < n: m = np.concatenate([m, np.repeat(m[:, -1:], n - m.shape[1], -1)], -1)
-    with np.errstate(invalid="ignore", divide="ignore"): return np.where(h[:, None] > 0, m / h[:, None], 1)
+def _np_first(A, ia, bad, hi, Bm, ib, hK, L):
+    """Per row r: the first step t with $\\max_{s \\le t}|u_s| \\cdot \\max_{s \\le t}|K_s|/\\max|K| \\ge \\max|u|/$_GUARD, i.e. the
+    prefix maxima's product within _GUARD of the largest (u: `A[ia[r]]` zeroed from `bad[r]`, largest `hi[r]`; K: `Bm[ib[r]]`)."""
+    W = min(64, L)  # usually found among the first steps: no pass over the whole row
+    rK = np.maximum.accumulate(np.abs(Bm[:, :W]), -1) / np.where(hK > 0, hK, np.inf)[:, None]  # <= 1, no overflow; 0 where K = 0
+    if rK.shape[1] < W: rK = np.concatenate([rK, np.repeat(rK[:, -1:], W - rK.shape[1], -1)], -1)  # a kernel shorter than W
+    pre = np.abs(_take(A[:, :W], ia))  # (R, W): the rows' first steps
+    for r in np.nonzero(bad < W)[0]: pre[r, bad[r]:] = 0
+    win = np.maximum.accumulate(pre, -1) * _take(rK, ib) >= hi[:, None] / _GUARD
+    first = win.argmax(-1)
+    for r in np.nonzero(~win.any(-1) & (hK[ib] > 0))[0]:  # else over the whole row (true at the last step)
+        u_r, K_r = np.abs(A[ia[r]]), np.abs(Bm[ib[r]])
+        u_r[bad[r]:] = 0
+        mK = np.maximum.accumulate(K_r)
+        mK = np.concatenate([mK, np.full(L - len(mK), mK[-1])]) / hK[ib[r]]
+        first[r] = (np.maximum.accumulate(u_r) * mK >= hi[r] / _GUARD).argmax()
+    return first
 
 def _np_pass(A, ia, Bm, ib, L, rows=_ROWS):
     """One pass of the CPU path. Row r: the first `L` outputs of the convolution of `A[ia[r], :L]` with `Bm[ib[r]]` (finite),
-    its inputs zeroed from the first non-finite one (`bad[r]`, else `L`); `first[r]`: the first step t whose prefixes hold
-    inputs and taps that big: $(\\max_{s \\le t}|u_s|/\\max|u|)(\\max_{s \\le t}|K_s|/\\max|K|) \\ge 1/$_GUARD."""
-    n, R, W = next_fast_len(L + Bm.shape[-1] - 1), len(ia), min(64, L)
+    its inputs zeroed from the first non-finite one (`bad[r]`, else `L`); `first[r]` from `_np_first`."""
+    n, R = next_fast_len(L + Bm.shape[-1] - 1), len(ia)
     hK = np.maximum(Bm.max(-1), -Bm.min(-1))  # largest |K| per kernel row (finite here)
-    rK = _np_ratios(Bm, hK, W)  # (rows of Bm, W): the kernel's prefix maxima over the first W steps, usually enough
     eK = _np_exponents(hK, Bm.dtype)  # huge kernel rows: divided by a power of 2 here (exact), multiplied back below
     Bs = Bm * np.ldexp(1.0, -eK).astype(Bm.dtype)[:, None] if eK.any() else Bm  # what is transformed
     FB = _spectra(Bs, n) if len(Bs) < R else None  # a kernel broadcast over rows: transform each of its rows once
     sa = _Spectra(n, L, A.dtype, rows)
     sb = _Spectra(n, Bs.shape[-1], Bs.dtype, rows) if FB is None else None
-    out, first, bad = np.empty((R, L), A.dtype), np.zeros(R, np.int64), np.full(R, L)
+    out, his, bad = np.empty((R, L), A.dtype), np.empty(R, A.dtype), np.full(R, L)
     for s in range(0, R, rows):
         ua, kb = sa.load(A, ia[s:s + rows]), ib[s:s + rows]  # (r, L) view of the padded buffer: masked and scaled in place
         hi = np.maximum(ua.max(-1), -ua.min(-1))  # largest |u| per row; NaN or inf marks a non-finite row
         for i in np.nonzero(~np.isfinite(hi))[0]:
             b = int((~np.isfinite(ua[i])).argmax()); ua[i, b:] = 0; bad[s + i] = b
             hi[i] = np.abs(ua[i]).max()
-        win = _np_ratios(ua, hi, W) * rK[kb] >= 1 / _GUARD  # usually found among the first steps
-        f = win.argmax(-1)
-        for i in np.nonzero(~win.any(-1))[0]:  # else over the whole row (at t = L - 1 both ratios are 1)
-            f[i] = (_np_ratios(ua[i:i + 1], hi[i:i + 1], L) * _np_ratios(Bm[kb[i]:kb[i] + 1], hK[kb[i]:kb[i] + 1], L) >= 1 / _GUARD).argmax()
-        first[s:s + rows] = f
+        his[s:s + rows] = hi
         eu = _np_exponents(hi, A.dtype)  # huge rows: divided by a power of 2 here (exact), multiplied back below
         if eu.any(): ua *= np.ldexp(1.0, -eu).astype(A.dtype)[:, None]
         Y = _take(FB, kb) if FB is not None else (sb.load(Bs, kb), sb.fwd(len(ua)))[1]
@@ -189,7 +196,20 @@ def _np_pass(A, ia, Bm, ib, L, rows=_ROWS):
         out[s:s + rows] = sa.inv(X, L)
         for e in (eu, eK[kb]):  # one power of 2 at a time: each is a finite float
             if e.any(): out[s:s + rows] *= np.ldexp(1.0, e).astype(A.dtype)[:, None]
-    return out, first, bad
+    return out, _np_first(A, ia, bad, his, Bm, ib, hK, L), bad
+
+def _np_direct(A, Bm):
+    "Row r: the direct sums $y_t = \\sum_{s \\le t} K_s u_{t-s}$ of `A[r]` and `Bm[r]` (finite), huge rows scaled by powers of 2 as in `_np_pass`."
+    P, LK = A.shape[-1], Bm.shape[-1]
+    eu, eK = _np_exponents(np.maximum(A.max(-1), -A.min(-1)), A.dtype), _np_exponents(np.maximum(Bm.max(-1), -Bm.min(-1)), Bm.dtype)
+    if eu.any(): A = A * np.ldexp(1.0, -eu).astype(A.dtype)[:, None]
+    if eK.any(): Bm = Bm * np.ldexp(1.0, -eK).astype(Bm.dtype)[:, None]
+    lag = np.arange(P)[:, None] - np.arange(P)  # (P, P): t - s
+    T = np.where((lag >= 0) & (lag < LK), Bm[:, lag.clip(0, LK - 1)], 0).astype(A.dtype)  # (rows, P, P)
+    y = (T @ A[:, :, None])[:, :, 0]
+    for e in (eu, eK):  # one power of 2 at a time: each is a finite float
+        if e.any(): y *= np.ldexp(1.0, e).astype(A.dtype)[:, None]
+    return y
 
 def _np_causal(A, ia, Bm, ib, L, rows=_ROWS):
     "Row r: the causal convolution of `A[ia[r], :L]` with `Bm[ib[r]]`, with steps 1 to 3, levels of step 2 in a loop."
@@ -206,6 +226,9 @@ def _np_causal(A, ia, Bm, ib, L, rows=_ROWS):
         keep = np.arange(P) < first[sel][:, None]
         Bm = np.where(keep[:, :min(P, Bm.shape[-1])], Bm[ib[sel], :P], 0).astype(Bm.dtype)  # each row its own kernel prefix
         A, ia, ib, live = np.where(keep, A[ia[sel], :P], 0).astype(A.dtype), np.arange(len(sel)), np.arange(len(sel)), live[sel]
+        if P <= _DIRECT:  # a short prefix: the direct sums, causal term by term, end the loop
+            out[live, :P] = np.where(keep, _np_direct(A, Bm), out[live, :P])
+            break
         y, first, _ = _np_pass(A, ia, Bm, ib, P, rows)
         out[live, :P] = np.where(keep, y, out[live, :P])
     for r in np.nonzero(bad < L)[0]: out[r, bad[r]:] = np.nan
@@ -266,24 +289,29 @@ def _exponents(hi):
     "Per row: $e \\ge 0$ such that the row divided by $2^e$ has its largest value below $2^1$ when it is huge, else 0."
     return torch.where(hi >= _huge(hi.dtype), torch.frexp(hi).exponent - 1, 0).to(hi.dtype)
 
-def _scaled_conv(u, K, hu, hK):
-    "`fft_conv`; rows of `u` or `K` whose largest value `hu`, `hK` is huge are divided by a power of 2 first and multiplied back."
+def _direct_conv(u, K):
+    "The direct sums $y_t = \\sum_{s \\le t} K_s u_{t-s}$ (a product with the Toeplitz matrix $T_K$), for short rows: each output reads only its own terms."
+    P, LK = u.shape[-1], min(K.shape[-1], u.shape[-1])
+    lag = torch.arange(P, device=u.device)[:, None] - torch.arange(P, device=u.device)  # (P, P): t - s
+    T = torch.where((lag >= 0) & (lag < LK), K[..., lag.clamp(0, LK - 1)], 0)  # (..., P, P)
+    return (T @ u[..., None])[..., 0]
+
+def _scaled_conv(u, K, hu, hK, conv=fft_conv):
+    "`conv(u, K)` (`fft_conv` or `_direct_conv`); rows of `u` or `K` whose largest value `hu`, `hK` is huge are divided by a power of 2 first and multiplied back."
     eu, eK = _exponents(hu), _exponents(hK)
-    if not bool((eu > 0).any() | (eK > 0).any()): return fft_conv(u, K)
-    y = fft_conv(u * torch.exp2(-eu)[..., None], K * torch.exp2(-eK)[..., None])  # exact: powers of 2
+    if not bool((eu > 0).any() | (eK > 0).any()): return conv(u, K)
+    y = conv(u * torch.exp2(-eu)[..., None], K * torch.exp2(-eK)[..., None])  # exact: powers of 2
     return y * torch.exp2(eu)[..., None] * torch.exp2(eK)[..., None]  # one at a time: each is a finite float
 
-def _ratios(x, h, n):
-    "(..., n): $\\max_{s \\le t}|x_s|/h$ for $t < n$ (1 where $h = 0$); a row shorter than `n` is extended by its last value."
-    m = x[..., :n].abs().cummax(-1).values
-    if m.shape[-1] < n: m = torch.cat([m, m[..., -1:].expand(*m.shape[:-1], n - m.shape[-1])], -1)
-    return torch.where(h[..., None] > 0, m / torch.where(h > 0, h, 1)[..., None], 1)
-
 def _first_big(u, K, hu, hK):
-    "(...,): per row of the broadcast, the first step with $(\\max_{s \\le t}|u_s|/\\max|u|)(\\max_{s \\le t}|K_s|/\\max|K|) \\ge 1/$_GUARD; 0 for a row of zeros."
-    n = min(64, u.shape[-1])
-    win = _ratios(u, hu, n) * _ratios(K, hK, n) >= 1 / _GUARD  # usually found among the first steps: no pass over the whole row
-    if not bool(win.any(-1).all()): win = _ratios(u, hu, u.shape[-1]) * _ratios(K, hK, u.shape[-1]) >= 1 / _GUARD  # true at the last step
+    """(...,): per row of the broadcast, the first step with $\\max_{s \\le t}|u_s| \\cdot \\max_{s \\le t}|K_s|/\\max|K| \\ge \\max|u|/$_GUARD
+    (the prefix maxima's product within _GUARD of the largest); 0 for a row of zeros."""
+    def first(n):
+        mK = K[..., :n].abs().cummax(-1).values / torch.where(hK > 0, hK, math.inf)[..., None]  # <= 1: no overflow; 0 where K = 0
+        if mK.shape[-1] < n: mK = torch.cat([mK, mK[..., -1:].expand(*mK.shape[:-1], n - mK.shape[-1])], -1)  # a kernel shorter than n
+        return u[..., :n].abs().cummax(-1).values * mK >= (hu / _GUARD)[..., None]
+    win = first(min(64, u.shape[-1]))  # usually found among the first steps: no pass over the whole row
+    if not bool((win.any(-1) | (hK == 0)).all()): win = first(u.shape[-1])  # true at the last step (unless K = 0: then y = 0)
     return win.to(torch.uint8).argmax(-1)
 
 def _absmax(x):
@@ -300,7 +328,9 @@ def _guarded(u, K, hu, hK):
         head = torch.arange(P, device=u.device) < first[..., None]  # (..., P): the outputs this level recomputes
         u, K = torch.where(head, u[..., :P], 0), torch.where(head[..., :min(P, K.shape[-1])], K[..., :P], 0)
         hu, hK = _absmax(u), _absmax(K)
-        y = torch.cat([torch.where(head, _scaled_conv(u, K, hu, hK), y[..., :P]), y[..., P:]], -1)
+        direct = P <= _DIRECT  # a short prefix: the direct sums, causal term by term, end the loop
+        y = torch.cat([torch.where(head, _scaled_conv(u, K, hu, hK, _direct_conv if direct else fft_conv), y[..., :P]), y[..., P:]], -1)
+        if direct: break
         first = _first_big(u.detach(), K.detach(), hu, hK)
     return y
 
@@ -314,14 +344,22 @@ def _causal_torch(u, K):
     y = _guarded(u, K, _absmax(u), _absmax(K))
     return y.masked_fill(bad_u, math.nan).masked_fill(bad_K, math.nan)
 
-@torch.library.custom_op("ssm_course::causal_conv", mutates_args=())
-def _causal_op(u:Tensor, K:Tensor) -> Tensor:
-    "The forward of `causal_conv` (same dtype and device, K no longer than u) as one operator: `torch.compile` calls it with real values."
+def _cpu_path(u, batch):
+    "Whether the CPU path runs: real CPU tensors, long rows and a big batch (the row loop pays off only there)."
+    return u.device.type == "cpu" and not u.is_complex() and u.shape[-1] >= _CPU_MIN_L and math.prod(batch) * u.shape[-1] >= _CPU_MIN_SIZE
+
+def _causal_impl(u, K):
+    "The forward of `causal_conv` (same dtype and device, K no longer than u): the CPU path for long real rows and big batches, else the torch path."
     batch, L = torch.broadcast_shapes(u.shape[:-1], K.shape[:-1]), u.shape[-1]
-    if u.device.type == "cpu" and not u.is_complex() and L >= _CPU_MIN_L and math.prod(batch) * L >= _CPU_MIN_SIZE:  # the row loop pays off only for long rows, big batches
+    if _cpu_path(u, batch):
         iu, iK = _row_index(batch, u.shape[:-1]), _row_index(batch, K.shape[:-1])
         return torch.from_numpy(_np_causal(_rows_np(u), iu, _rows_np(K), iK, L)).reshape(*batch, L)
     return _causal_torch(u, K)
+
+@torch.library.custom_op("ssm_course::causal_conv", mutates_args=())
+def _causal_op(u:Tensor, K:Tensor) -> Tensor:
+    "`_causal_impl` as one operator: `torch.compile` does not trace into it but calls it with real values (and meta tensors get shapes)."
+    return _causal_impl(u, K)
 
 @_causal_op.register_fake
 def _(u, K): return u.new_empty(*torch.broadcast_shapes(u.shape[:-1], K.shape[:-1]), u.shape[-1])
@@ -329,7 +367,7 @@ def _(u, K): return u.new_empty(*torch.broadcast_shapes(u.shape[:-1], K.shape[:-
 @torch.library.custom_op("ssm_course::causal_conv_grads", mutates_args=())
 def _grads_op(g:Tensor, u:Tensor, K:Tensor, need_u:bool, need_K:bool) -> tuple[Tensor, Tensor]:
     "`causal_conv`'s first-order backward: the two correlations by FFT, summed over broadcast rows (empty where not needed)."
-    if u.device.type == "cpu" and not u.is_complex(): return _np_grads(g, u, K, need_u, need_K)
+    if _cpu_path(u, g.shape[:-1]): return _np_grads(g, u, K, need_u, need_K)
     n, (L, LK) = next_fast_len(u.shape[-1] + K.shape[-1] - 1), (u.shape[-1], K.shape[-1])
     G = torch.fft.fft(g, n=n) if g.is_complex() else torch.fft.rfft(g, n=n)
     def corr(x, m, shape):  # sum_t g_t x_{t-l}, l < m, summed in the spectrum over the rows that broadcast
@@ -344,7 +382,7 @@ def _(g, u, K, need_u, need_K): return (torch.empty_like(u) if need_u else g.new
 class _CausalConv(torch.autograd.Function):
     "`causal_conv`'s operator with its gradients: the two correlations; as causal convolutions of the reversed gradient (differentiable) under create_graph and `torch.func`."
     @staticmethod
-    def forward(u, K): return _causal_op(u, K)
+    def forward(u, K): return _causal_op(u, K) if values_hidden(u) or values_hidden(K) else _causal_impl(u, K)
 
     @staticmethod
     def setup_context(ctx, inputs, output): ctx.save_for_backward(*inputs)
@@ -372,6 +410,10 @@ class _CausalConv(torch.autograd.Function):
 
 
 # %% ../nbs/04_convolution.ipynb #e8a0f37e
+def _transformed(*xs):
+    "Whether a `torch.func` transform (vmap, grad, ...) wraps any of `xs`."
+    return any(torch._C._functorch.is_functorch_wrapped_tensor(x) for x in xs)
+
 @full_precision
 def causal_conv(
     u:Tensor, # input, time last, (..., L)
@@ -390,7 +432,9 @@ def causal_conv(
     out, work = float_dtype(u, K), compute_dtype(u, K)  # integers give floats; half precision runs in float32
     u, K = u.to(work), K[..., :L].to(work)
     if math.prod(batch) == 0: return (torch.zeros(*batch, L, dtype=work, device=u.device) + 0 * (u.sum() + K.sum())).to(out)
-    return _CausalConv.apply(u, K).to(out)
+    if (torch.is_grad_enabled() and (u.requires_grad or K.requires_grad)) or values_hidden(u) or values_hidden(K) or _transformed(u, K):
+        return _CausalConv.apply(u, K).to(out)  # autograd, torch.compile, meta tensors, torch.func
+    return _causal_impl(u, K).to(out)  # eager and no gradient: the implementation itself
 
 # %% ../nbs/05_s4.ipynb #aa1d5fc0
 from .checks import real_dtype, to_precision, full_precision, values_hidden, compute_dtype

@@ -238,10 +238,11 @@ def test_causal_conv_nonfinite_kernel(fft, monkeypatch):
 
 
 def count_passes(monkeypatch):
-    "Wrap both paths' per-pass functions; the returned list collects the length of every pass."
+    "Wrap both paths' per-pass functions (FFT passes, and the direct sums that end the loop); the returned list collects the length of every pass."
     calls = []
-    np_pass, scaled_conv = conv._np_pass, conv._scaled_conv
+    np_pass, np_direct, scaled_conv = conv._np_pass, conv._np_direct, conv._scaled_conv
     monkeypatch.setattr(conv, "_np_pass", lambda A, *a: (calls.append(A.shape[-1]), np_pass(A, *a))[1])
+    monkeypatch.setattr(conv, "_np_direct", lambda A, *a: (calls.append(A.shape[-1]), np_direct(A, *a))[1])
     monkeypatch.setattr(conv, "_scaled_conv", lambda u, *a: (calls.append(u.shape[-1]), scaled_conv(u, *a))[1])
     return calls
 
