@@ -59,6 +59,10 @@ def _work_dtype(u):
     "Mamba computes in float32 (float64 for float64 input: our extension)."
     return torch.float64 if u.dtype == torch.float64 else torch.float32
 
+def _out_dtype(u):
+    "The output's dtype: `u`'s, with an integer `u` promoted to the default float dtype (as `float_dtype` does)."
+    return u.dtype if u.is_floating_point() else torch.get_default_dtype()
+
 # %% ../nbs/08_selective.ipynb #c3d4e5f6
 @full_precision
 def selective_scan_ref(
@@ -78,7 +82,7 @@ def selective_scan_ref(
     "Mamba's selective scan as a readable loop over time: the oracle for the fast path and the kernels; in float32 (float64 for float64 `u`) whatever the caller's autocast."
     b, d, l, n, B, C = _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state)
     resolve_backend(backend, u, has_triton=False, name="selective_scan_ref")
-    dtype_in, work = u.dtype, _work_dtype(u)
+    dtype_in, work = _out_dtype(u), _work_dtype(u)
     u, delta = u.to(work), delta.to(work)
     if delta_bias is not None: delta = delta + delta_bias.to(work)[:, None]
     if delta_softplus: delta = F.softplus(delta)
@@ -296,10 +300,10 @@ def selective_scan(
     (a double backward raises) and maps with vmap too."""
     b, d, l, n, B, C = _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state)
     chunk = check_size(chunk, "chunk")
-    dtype_in, work = u.dtype, _work_dtype(u)
+    dtype_in, work = _out_dtype(u), _work_dtype(u)
     cplx = A.is_complex()
     if resolve_backend(backend, u, has_triton=backend == "triton" or (work == torch.float32 and not cplx), name="selective_scan") == "triton":
-        return _selective_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state, chunk)
+        return _selective_triton(u.to(dtype_in), delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state, chunk)
     ctype = torch.complex128 if work == torch.float64 else torch.complex64
     delta = delta.to(work)
     if delta_bias is not None: delta = delta + delta_bias.to(work)[:, None]

@@ -53,6 +53,18 @@ def test_dtype_follows_u():
     assert y.dtype == torch.float16
 
 
+@pytest.mark.parametrize("fn", [selective_scan, selective_scan_ref])
+def test_integer_u_is_promoted(fn):
+    "Issue 25 item 14: an integer u is computed as float (the default dtype), as everywhere else; it returned int64 zeros."
+    kw = {k: v.float() for k, v in inputs(2, 2, 4, 3, 10, 3, False).items()}
+    u = torch.randint(-3, 4, kw["u"].shape)
+    y = fn(**{**kw, "u": u})
+    assert y.dtype == torch.float32
+    assert torch.equal(y, fn(**{**kw, "u": u.float()}))
+    ref = selective_scan_ref(**{k: v.double() for k, v in {**kw, "u": u}.items()})
+    assert (y.double() - ref).abs().max() / ref.abs().max() < 1e-6
+
+
 def test_reference_matches_a_scalar_closed_form():
     "One channel, one state, constant delta: y is the IIR filter with pole exp(delta A)."
     from scipy.signal import lfilter
