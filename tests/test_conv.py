@@ -778,3 +778,29 @@ def test_ops_ignore_autocast():
         ref = f()
         with torch.autocast("cpu", torch.bfloat16): y = f()
         assert y.dtype == ref.dtype and torch.equal(y, ref), name
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(N=st.integers(1, 5), r=st.integers(0, 3), lam_batch=st.sampled_from([(), (2,), (3, 1)]), p_batch=st.sampled_from([(), (1,), (2,), (1, 2)]),
+       L=st.integers(1, 40), seed=st.integers(0, 10_000))
+def test_dplr_rank_axis_property(N, r, lam_batch, p_batch, L, seed):
+    """Issue 25 item 13 as a property: P's last two axes are always (r, N), its other dims broadcast with Lambda's, and each
+    channel's kernel is the dense bilinear kernel of diag(Lambda) - P^T conj(P); a P without more dims than Lambda is refused."""
+    g = torch.Generator().manual_seed(seed)
+    cplx = lambda *s: torch.complex(torch.randn(s, generator=g, dtype=torch.float64), torch.randn(s, generator=g, dtype=torch.float64))
+    Lam = torch.complex(-0.1 - torch.rand(*lam_batch, N, generator=g, dtype=torch.float64), 3 * torch.randn(*lam_batch, N, generator=g, dtype=torch.float64))
+    P = cplx(*p_batch, r, N) / 2
+    B, C = cplx(N), cplx(N)
+    if P.ndim <= Lam.ndim:  # not more dims than Lambda: refused, the rank axis is never guessed
+        with pytest.raises(ValueError, match=r"P\[\.\.\., None, :\]"): ssm_kernel_dplr(Lam, P, B, C, 0.1, L)
+        return
+    try: batch = torch.broadcast_shapes(lam_batch, p_batch)
+    except RuntimeError:
+        with pytest.raises(ValueError, match="do not broadcast"): ssm_kernel_dplr(Lam, P, B, C, 0.1, L)
+        return
+    K = ssm_kernel_dplr(Lam, P, B, C, 0.1, L)
+    assert K.shape == (*batch, L)
+    Lb, Pb = Lam.expand(*batch, N).reshape(math.prod(batch), N), P.expand(*batch, r, N).reshape(math.prod(batch), r, N)
+    for i, k in enumerate(K.reshape(-1, L)):
+        ref = ssm_kernel(*discretize(torch.diag(Lb[i]) - Pb[i].mT @ Pb[i].conj(), B, 0.1, "bilinear"), C, L)
+        assert (k - ref).abs().max() <= 1e-10 * ref.abs().max(), i
