@@ -52,6 +52,13 @@ def _check_number(x, name, positive=True, hint=""):
     if not math.isfinite(x) or (x <= 0 if positive else x < 0): raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {x}{hint}")
     return float(x)
 
+def _like(v, ref):
+    "Whether `v` is the kind of value `ref` is: a finite real number for a number; the same type for bools, strings and None; lists and tuples alike element by element."
+    if isinstance(ref, (bool, str)) or ref is None: return type(v) is type(ref)
+    if isinstance(ref, numbers.Real): return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+    if isinstance(ref, (list, tuple)): return isinstance(v, (list, tuple)) and len(v) == len(ref) and all(map(_like, v, ref))
+    return type(v) is type(ref)
+
 def _check_finite(data, name):
     "Refuse NaN and infinite values in a batch's floating-point inputs x or targets y, saying where the first one is."
     for part, t in zip("xy", data):
@@ -346,23 +353,35 @@ class Trainer:
         opt, own_opt = s["opt"], self.opt.state_dict()
         if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list) and all(isinstance(g, dict) for g in opt["param_groups"])):
             raise bad(f"opt must be an optimizer state (a dict with 'state' and 'param_groups'), got {got(opt)}")
-        if [g.get("params") for g in opt["param_groups"]] != [g["params"] for g in own_opt["param_groups"]]:
-            raise ValueError(f"checkpoint {path} does not fit this trainer: its optimizer groups hold parameters {[g.get('params') for g in opt['param_groups']]}, this trainer's {[g['params'] for g in own_opt['param_groups']]}")
-        for g in opt["param_groups"]:
-            for k in ("lr", "weight_decay"):
-                if not (is_real(g.get(k)) and math.isfinite(g[k]) and g[k] >= 0): raise bad(f"optimizer group {g.get('name')!r} has {k} {got(g.get(k))}, expected a finite number >= 0")
+        ids = [g.get("params") if isinstance(g.get("params"), list) and all(map(is_int, g["params"])) else got(g.get("params")) for g in opt["param_groups"]]
+        if ids != [g["params"] for g in own_opt["param_groups"]]:
+            raise ValueError(f"checkpoint {path} does not fit this trainer: its optimizer groups hold parameters {ids}, this trainer's {[g['params'] for g in own_opt['param_groups']]}")
+        for g, mine in zip(opt["param_groups"], own_opt["param_groups"]):  # hyperparameters: the kinds this trainer's optimizer holds
+            for k in sorted((set(g) | set(mine)) - {"params"}):
+                if not (k in g and k in mine and _like(g[k], mine[k])): raise bad(f"optimizer group {mine.get('name')!r} has {k} {got(g.get(k))}, expected a value like {mine.get(k)!r}")
+            if min(g["lr"], g["weight_decay"], g["eps"]) < 0 or not all(0 <= b < 1 for b in g["betas"]):  # AdamW's own constraints
+                raise bad(f"optimizer group {mine.get('name')!r} has lr {g['lr']}, weight_decay {g['weight_decay']}, eps {g['eps']} and betas {g['betas']}; expected numbers >= 0 and betas in [0, 1)")
         params = [p for g in self.opt.param_groups for p in g["params"]]
+        amsgrad = {i: g["amsgrad"] for g in opt["param_groups"] for i in g["params"]}  # the ids are this trainer's (checked above)
         for i, st in opt["state"].items():
             if not (is_int(i) and 0 <= i < len(params) and isinstance(st, dict)): raise bad(f"optimizer state entry {got(i)} is not a parameter index in [0, {len(params)}) with a dict of moments")
+            keys = {"step", "exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if amsgrad[i] else set())  # what AdamW keeps per parameter
+            if set(st) != keys: raise bad(f"optimizer state of parameter {i} holds {sorted(map(str, st))}, expected {sorted(keys)}")
             for k, v in st.items():
-                if not (isinstance(v, Tensor) and v.shape in (params[i].shape, ()) or is_real(v)):
-                    raise bad(f"optimizer state {k!r} of parameter {i} must be a number or a tensor of shape {tuple(params[i].shape)}, got {got(v) if not isinstance(v, Tensor) else tuple(v.shape)}")
-        sched = s["sched"]
+                shape = () if k == "step" else tuple(params[i].shape)  # AdamW: a step count, and moments shaped like the parameter
+                if not ((isinstance(v, Tensor) and tuple(v.shape) == shape and v.is_floating_point()) or (k == "step" and is_real(v))):
+                    raise bad(f"optimizer state {k!r} of parameter {i} must be a floating-point tensor of shape {shape}, got {got(v) if not isinstance(v, Tensor) else f'{v.dtype} {tuple(v.shape)}'}")
+            n = float(st["step"])
+            if not (math.isfinite(n) and n == int(n) and 1 <= n <= step):  # steps this parameter was updated: 1 to the checkpoint's step
+                raise bad(f"optimizer state 'step' of parameter {i} is {n}, expected a whole number from 1 to the checkpoint's step {step}")
+        sched, own_sched = s["sched"], self.sched.state_dict()
         if not (isinstance(sched, dict) and is_int(sched.get("last_epoch")) and sched["last_epoch"] == step):
             raise bad(f"sched must be a schedule state whose last_epoch equals step {step}, got {got(sched) if not isinstance(sched, dict) else got(sched.get('last_epoch'))}")
-        for k in ("base_lrs", "_last_lr"):
-            if k in sched and not (isinstance(sched[k], list) and len(sched[k]) == len(own_opt["param_groups"]) and all(map(is_real, sched[k]))):
-                raise bad(f"sched[{k!r}] must be a list of {len(own_opt['param_groups'])} learning rates, got {got(sched[k])}")
+        for k in sorted(set(sched) | set(own_sched)):
+            if not (k in sched and k in own_sched and _like(sched[k], own_sched[k])): raise bad(f"sched[{k!r}] is {got(sched.get(k))}, expected a value like {own_sched.get(k)!r}")
+        for j, g in enumerate(opt["param_groups"]):  # the schedule sets each group's lr from its initial lr: the two states must agree
+            if (g["initial_lr"], g["lr"]) != (sched["base_lrs"][j], sched["_last_lr"][j]):
+                raise bad(f"optimizer group {g['name']!r} has initial_lr {g['initial_lr']} and lr {g['lr']}, the schedule base lr {sched['base_lrs'][j]} and last lr {sched['_last_lr'][j]}")
 
     def _load(self, s):
         "Put a checkpoint's state `s` into the model, optimizer, schedule, generators, step and history."
