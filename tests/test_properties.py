@@ -338,3 +338,70 @@ def test_kernel_diag_backends_agree(N, L, seed):
         gy = torch.linspace(-1, 1, K.numel()).reshape(K.shape).to(K.dtype)
         res.append((K.detach(), torch.autograd.grad((K * gy).real.sum(), xs)))
     agree(res, 1e-5, f"ssm_kernel_diag N={N} L={L}")
+
+
+# ---------------------------------------------------------------- 5: the caller's autocast changes nothing
+
+def _f32(g, *shape, cplx=False, neg=False):
+    x = torch.randn(*shape, generator=g)
+    if neg: x = -x.abs() - 0.1
+    return torch.complex(x, torch.randn(*shape, generator=g)) if cplx else x
+
+
+def _autocast_cases(g, N, L, b, cplx):
+    "(name, thunk) for every public op, each on float32 (complex64) inputs drawn from `g`."
+    from ssm_course.hippo import hippo, hippo_project, dplr
+    from ssm_course.ssm import impulse_response, basis_functions, step_response, state_transition
+    from ssm_course.conv import cauchy
+    A, B = hippo("legs", N, dtype=torch.float32)
+    Lam = torch.complex(-torch.rand(N, generator=g) - 0.1, torch.randn(N, generator=g))
+    dA, dB = discretize_diag(Lam, _f32(g, N, cplx=True), 0.05)
+    a = torch.rand(b, 3, L, generator=g) * 0.9 + 0.05
+    if cplx: a = torch.polar(a, torch.randn(b, 3, L, generator=g))
+    u, dt = _f32(g, b, 3, L), torch.rand(b, 3, L, generator=g) * 0.2
+    Lp, P, Bp, _ = dplr("legs", N)
+    x, dts = _f32(g, b, L, 2, 3), torch.rand(b, L, 2, generator=g) * 0.2
+    Bs, Cs = _f32(g, b, L, 1, N), _f32(g, b, L, 1, N)
+    t = torch.linspace(0, 1, 7)
+    return [
+        ("discretize", lambda: discretize(A, B, 0.1, "zoh")),
+        ("discretize bilinear", lambda: discretize(A, B, 0.1, "bilinear")),
+        ("discretize_diag", lambda: discretize_diag(Lam, Lam, 0.1)),
+        ("matrix_exp", lambda: matrix_exp(0.1 * A)),
+        ("state_transition", lambda: state_transition(A, t)),
+        ("impulse_response", lambda: impulse_response(A, B, B, t)),
+        ("step_response", lambda: step_response(A, B, B, t)),
+        ("basis_functions", lambda: basis_functions(A, B, t)),
+        ("ssm_kernel", lambda: ssm_kernel(*discretize(A, B, 0.1), B, L)),
+        ("ssm_recurrence", lambda: ssm_recurrence(*discretize(A, B, 0.1), B, u[0, 0])),
+        ("ssm_kernel_diag", lambda: ssm_kernel_diag(dA, dB, Lam, L)),
+        ("ssm_kernel_diag log", lambda: ssm_kernel_diag(0.05 * Lam, dB, Lam, L, log=True)),
+        ("dss_kernel", lambda: dss_kernel(Lam, Lam, 0.05, L)),
+        ("ssm_kernel_dplr", lambda: ssm_kernel_dplr(Lp.to(torch.complex64), P.to(torch.complex64), Bp.to(torch.complex64), Lam, 0.1, L)),
+        ("cauchy", lambda: cauchy(Lam[None], Lam[:2] + 1.0, Lam)),
+        ("causal_conv", lambda: causal_conv(u, _f32(g, 3, L))),
+        ("hippo_project", lambda: hippo_project("legs", u[0, 0], N, dt=0.1)),
+        ("scan", lambda: scan(a, u.to(a.dtype))),
+        ("scan lti", lambda: scan(a[..., :1].expand_as(a), u.to(a.dtype))),
+        ("scan_sequential", lambda: scan_sequential(a, u.to(a.dtype))),
+        ("scan_parallel", lambda: scan_parallel(a, u.to(a.dtype))),
+        ("scan_chunked", lambda: scan_chunked(a, u.to(a.dtype), chunk=4)),
+        ("selective_scan", lambda: selective_scan(u, dt, -torch.rand(3, N, generator=g) - 0.1, _f32(g, b, N, L), _f32(g, b, N, L))),
+        ("selective_scan_ref", lambda: selective_scan_ref(u, dt, -torch.rand(3, N, generator=g) - 0.1, _f32(g, 3, N), _f32(g, 3, N))),
+        ("ssd", lambda: ssd(x, dts, -torch.rand(2, generator=g), Bs, Cs, chunk_size=4)),
+        ("ssd_ref", lambda: ssd_ref(x, dts, -torch.rand(2, generator=g), Bs, Cs)),
+        ("ssd_quadratic", lambda: ssd_quadratic(x, dts, -torch.rand(2, generator=g), Bs, Cs)),
+    ]
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(N=st.integers(1, 6), L=st.integers(1, 33), b=st.integers(1, 2), cplx=st.booleans(), seed=seeds)
+def test_ops_ignore_the_callers_autocast(N, L, b, cplx, seed):
+    "API.md: each op computes at the precision its docstring states whatever the caller's autocast; float32 inputs under bfloat16 autocast give the result without autocast, bit for bit."
+    def run(ctx):
+        with ctx: return [(name, f()) for name, f in _autocast_cases(torch.Generator().manual_seed(seed), N, L, b, cplx)]
+    import contextlib
+    plain, auto = run(contextlib.nullcontext()), run(torch.autocast("cpu", dtype=torch.bfloat16))
+    for (name, p), (_, q) in zip(plain, auto):
+        for p_, q_ in zip(p if isinstance(p, tuple) else (p,), q if isinstance(q, tuple) else (q,)):
+            assert p_.dtype == q_.dtype and torch.equal(p_, q_), f"{name}: under autocast {q_.dtype}, max diff {(p_ - q_).abs().max():.3g}"
