@@ -50,7 +50,10 @@ def main(argv=None):
     files = notebooks(a.notebooks)
     skip = cfg.tst_flags.split() if isinstance(cfg.tst_flags, str) else list(cfg.tst_flags)
     os.chdir(cfg.nbs_path)
-    results = parallel(timed_test, files, n_workers=a.n_workers if len(files) > 1 else 0, pause=0.01,
+    # The workers run notebooks in IPython shells, which replace `__main__`: pass the function by this module's name, so a
+    # worker that has run a notebook can still unpickle it for the next one.
+    import notebook_times
+    results = parallel(notebook_times.timed_test, files, n_workers=a.n_workers if len(files) > 1 else 0, pause=0.01,
                        skip_flags=skip, basepath=cfg.config_path, do_print=True, cell_timeout=cfg.cell_timeout or None)
     print(f"seconds per notebook in test mode (budget {a.max_seconds:g} s of CPU time each"
           f"{', enforced' if a.enforce else ', reported only: pass --enforce to fail on it'}):")

@@ -37,3 +37,12 @@ def test_a_raising_notebook_fails(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "notebook_times.py"), str(tmp_path / "bad.ipynb")],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1 and "FAILED" in r.stdout and "boom" in r.stderr, r.stdout + r.stderr
+
+
+def test_a_worker_runs_several_notebooks(busy_notebook, tmp_path):
+    "A worker that has run one notebook (whose IPython shell replaces __main__) still runs the next: 3 notebooks, 2 workers."
+    import shutil
+    for n in ("b", "c"): shutil.copy(busy_notebook, tmp_path / f"{n}.ipynb")
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "notebook_times.py"), str(busy_notebook), str(tmp_path / "b.ipynb"),
+                        str(tmp_path / "c.ipynb"), "--n-workers", "2"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.count("- Completed") == 3, r.stdout + r.stderr
