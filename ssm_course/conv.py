@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 from torch import Tensor
-from .checks import (check_tensor, check_square, check_last_dim, check_size, broadcast_batch, float_dtype,
+from .checks import (broadcast_shapes, check_tensor, check_square, check_last_dim, check_size, broadcast_batch, float_dtype,
                                compute_dtype, values_hidden, full_precision)
 
 # %% ../nbs/04_convolution.ipynb #7acaa1df
@@ -350,7 +350,7 @@ def _cpu_path(u, batch):
 
 def _causal_impl(u, K):
     "The forward of `causal_conv` (same dtype and device, K no longer than u): the CPU path for long real rows and big batches, else the torch path."
-    batch, L = torch.broadcast_shapes(u.shape[:-1], K.shape[:-1]), u.shape[-1]
+    batch, L = broadcast_shapes(u.shape[:-1], K.shape[:-1]), u.shape[-1]
     if _cpu_path(u, batch):
         iu, iK = _row_index(batch, u.shape[:-1]), _row_index(batch, K.shape[:-1])
         return torch.from_numpy(_np_causal(_rows_np(u), iu, _rows_np(K), iK, L)).reshape(*batch, L)
@@ -362,7 +362,7 @@ def _causal_op(u:Tensor, K:Tensor) -> Tensor:
     return _causal_impl(u, K)
 
 @_causal_op.register_fake
-def _(u, K): return u.new_empty(*torch.broadcast_shapes(u.shape[:-1], K.shape[:-1]), u.shape[-1])
+def _(u, K): return u.new_empty(*broadcast_shapes(u.shape[:-1], K.shape[:-1]), u.shape[-1])
 
 @torch.library.custom_op("ssm_course::causal_conv_grads", mutates_args=())
 def _grads_op(g:Tensor, u:Tensor, K:Tensor, need_u:bool, need_K:bool) -> tuple[Tensor, Tensor]:
@@ -437,7 +437,7 @@ def causal_conv(
     return _causal_impl(u, K).to(out)  # eager and no gradient: the implementation itself
 
 # %% ../nbs/05_s4.ipynb #aa1d5fc0
-from .checks import real_dtype, to_precision, full_precision, values_hidden, compute_dtype
+from .checks import broadcast_shapes, real_dtype, to_precision, full_precision, values_hidden, compute_dtype
 from .discretize import discretize, _check_dt
 
 # %% ../nbs/05_s4.ipynb #cc77594e
@@ -447,7 +447,7 @@ def _cauchy_blocks(v, g, lam, skip, chunk):
     for s in ([0] if Z <= chunk else range(0, Z, chunk)):  # one block: no loop over a symbolic length under torch.compile
         d = g[..., None, s:s + chunk] - lam[..., :, None]  # (..., N, Zc)
         if skip is not None:  # 1/inf = 0: the pole skip[j] drops out at point j
-            d = d.expand(*torch.broadcast_shapes(d.shape[:-2], skip.shape[:-1]), *d.shape[-2:])
+            d = d.expand(*broadcast_shapes(d.shape[:-2], skip.shape[:-1]), *d.shape[-2:])
             d = d.scatter(-2, skip[..., None, s:s + chunk].expand(*d.shape[:-2], 1, -1), math.inf)
         yield s, 1 / d
 

@@ -11,7 +11,7 @@ __all__ = ['DENSE_METHODS', 'DIAG_METHODS', 'discretize', 'expm1', 'phi1', 'disc
 import math, numbers
 import torch
 from torch import Tensor
-from .checks import check_tensor, check_square, check_last_dim, check_choice, check_positive, broadcast_batch, values_hidden, float_dtype, compute_dtype, real_dtype, to_precision, full_precision
+from .checks import broadcast_shapes, check_tensor, check_square, check_last_dim, check_choice, check_positive, broadcast_batch, values_hidden, float_dtype, compute_dtype, real_dtype, to_precision, full_precision
 from .ssm import matrix_exp
 
 # %% ../nbs/02_discretize.ipynb #013422f5
@@ -30,7 +30,7 @@ def _check_dt(
     if not isinstance(dt, Tensor): dt = torch.tensor(dt, dtype=real, device=like.device)  # a Python float keeps its 64 bits
     dt = dt.to(device=like.device, dtype=real)
     if not values_hidden(dt) and dt.numel() and not bool(torch.isfinite(dt).all()): raise ValueError(f"{name} must be finite, got max {dt.max().item()}")
-    try: torch.broadcast_shapes(dt.shape, tuple(batch_shape))
+    try: broadcast_shapes(dt.shape, tuple(batch_shape))
     except RuntimeError: raise ValueError(f"{name} of shape {tuple(dt.shape)} does not broadcast with the batch shape {tuple(batch_shape)}") from None
     return dt
 
@@ -85,7 +85,7 @@ def discretize(
     Bm = B[..., None] if vector else B  # (..., N, M)
     Bm = torch.cat([Bm.real, Bm.imag], -1) if split else Bm  # (..., N, 2M) real
     dt = _check_dt(dt, A, broadcast_batch(A=A.shape[:-2], B=Bm.shape[:-2]))
-    batch = torch.broadcast_shapes(A.shape[:-2], Bm.shape[:-2], dt.shape)  # a tensor dt may add batch dims: one system, many steps
+    batch = broadcast_shapes(A.shape[:-2], Bm.shape[:-2], dt.shape)  # a tensor dt may add batch dims: one system, many steps
     dt = dt[..., None, None]  # (..., 1, 1)
     A, Bm = A.expand(*batch, N, N), Bm.to(A.dtype).expand(*batch, *Bm.shape[-2:])
     M = Bm.shape[-1]

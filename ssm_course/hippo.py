@@ -11,7 +11,7 @@ __all__ = ['MEASURES', 'hippo', 'hippo_basis', 'hippo_project', 'hippo_reconstru
 import math
 import torch
 from torch import Tensor
-from .checks import check_tensor, check_choice, check_size, check_positive, float_dtype, compute_dtype, real_dtype, full_precision
+from .checks import broadcast_shapes, check_tensor, check_choice, check_size, check_positive, float_dtype, compute_dtype, real_dtype, full_precision
 from .discretize import discretize, _check_dt
 
 # %% ../nbs/03_hippo.ipynb #d0a4e359
@@ -126,7 +126,7 @@ def hippo_project(
     else:
         dA, dB = discretize(A, B, dt, "bilinear")  # (*dt.shape, N, N), (*dt.shape, N)
         dAT, inp = dA.mT.to(cd), ubar[..., None] * dB.to(cd)[..., None, :]  # inp: (..., L, N)
-        c, cs = torch.zeros(*torch.broadcast_shapes(u.shape[:-1], dt.shape), N, dtype=cd, device=u.device), []
+        c, cs = torch.zeros(*broadcast_shapes(u.shape[:-1], dt.shape), N, dtype=cd, device=u.device), []
         for i in range(L):
             c = inp[..., i, :] + (c[..., None, :] @ dAT)[..., 0, :]
             cs.append(c)

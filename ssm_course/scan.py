@@ -13,18 +13,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from .checks import check_tensor, check_size, float_dtype, full_precision, resolve_backend, values_hidden
+from .checks import broadcast_shapes, check_tensor, check_size, float_dtype, full_precision, resolve_backend, values_hidden
 
 # %% ../nbs/07_scan.ipynb #6a2c41f7
 def _check_scan(a, b, h0):
     "Validate the scan's arguments; return the broadcast shape (..., L)."
     a, b = check_tensor(a, "a", min_ndim=1), check_tensor(b, "b", min_ndim=1)
-    try: shape = torch.broadcast_shapes(a.shape, b.shape)
+    try: shape = broadcast_shapes(a.shape, b.shape)
     except RuntimeError: raise ValueError(f"a of shape {tuple(a.shape)} and b of shape {tuple(b.shape)} do not broadcast") from None
     if shape[-1] == 0: raise ValueError(f"the sequence is empty: a {tuple(a.shape)}, b {tuple(b.shape)}")
     if h0 is not None:
         check_tensor(h0, "h0")
-        try: ok = torch.broadcast_shapes(h0.shape, shape[:-1]) == shape[:-1]
+        try: ok = broadcast_shapes(h0.shape, shape[:-1]) == shape[:-1]
         except RuntimeError: ok = False
         if not ok: raise ValueError(f"h0 must broadcast to the shape of one time step {tuple(shape[:-1])}, got shape {tuple(h0.shape)}")
     for x, name in ((a, "a"), (b, "b"), (h0, "h0")):
@@ -302,7 +302,7 @@ def _scan_fast(a, b, h0, shape, dtype, reverse=False):
 # %% ../nbs/07_scan.ipynb #b636d5b7
 def _reverse_scan(a, b):
     "$g_t = a_t g_{t+1} + b_t$ from the end of the sequence; differentiable itself when autograd records (double backward)."
-    shape = torch.broadcast_shapes(a.shape, b.shape)
+    shape = broadcast_shapes(a.shape, b.shape)
     if torch.is_grad_enabled(): return _scan_function().apply(a.flip(-1) if a.shape[-1] > 1 else a, b.flip(-1), None).flip(-1)
     return _scan_fast(a, b, None, shape, _dtype(a, b, None), reverse=True)
 
@@ -357,7 +357,7 @@ class _Scan(torch.autograd.Function):
     @staticmethod
     @full_precision
     def forward(a, b, h0):
-        shape, dtype = torch.broadcast_shapes(a.shape, b.shape), _dtype(a, b, h0)
+        shape, dtype = broadcast_shapes(a.shape, b.shape), _dtype(a, b, h0)
         work = torch.promote_types(dtype, torch.float32)
         return _scan_fast(a, b, h0, shape, work).to(dtype)
 

@@ -12,7 +12,7 @@ __all__ = ['matrix_exp', 'state_transition', 'basis_functions', 'impulse_respons
 import math, numbers
 import torch
 from torch import Tensor
-from .checks import check_tensor, check_square, check_last_dim, check_size, broadcast_batch, float_dtype, compute_dtype, real_dtype, to_precision, values_hidden, full_precision
+from .checks import broadcast_shapes, check_tensor, check_square, check_last_dim, check_size, broadcast_batch, float_dtype, compute_dtype, real_dtype, to_precision, values_hidden, full_precision
 
 # %% ../nbs/01_ssm.ipynb #21edf9de
 @full_precision
@@ -126,7 +126,7 @@ def step_response(
     D = torch.as_tensor(D, device=A.device)
     broadcast_batch(A=A.shape[:-2], B=B.shape[:-1], C=C.shape[:-1], D=D.shape)
     cd = compute_dtype(A, B)
-    batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-1])
+    batch = broadcast_shapes(A.shape[:-2], B.shape[:-1])
     M = torch.zeros(*batch, N + 1, N + 1, dtype=cd, device=A.device)
     M[..., :N, :N], M[..., :N, N] = A, B
     x = state_transition(M, t)[..., :N, N]  # (..., T, N): the integral of e^{sA}B

@@ -14,7 +14,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 from .scan import _check_scan, _save_scan, _scan_grads, _scan_tangent, _vmap_scan
-from .checks import float_dtype, full_precision, resolve_backend
+from .checks import broadcast_shapes, float_dtype, full_precision, resolve_backend
 
 # %% ../nbs/10_triton_scan.ipynb #c0436ae7
 @triton.jit
@@ -188,7 +188,7 @@ def _scan_dtype(a, b, h0):
 def _fwd_launch(a, b, h0, h, config):
     "Grid, arguments and keyword arguments of `_scan_fwd_kernel` computing `h` (rows, L) = scan(a, b, h0)."
     R, L = h.shape
-    shape, dtype = (*torch.broadcast_shapes(a.shape, b.shape)[:-1], L), h.dtype
+    shape, dtype = (*broadcast_shapes(a.shape, b.shape)[:-1], L), h.dtype
     (A, a_rs, a_ts, a_group), (B, b_rs, b_ts, b_group) = _rows(a, shape, dtype), _rows(b, shape, dtype)
     H0 = None if h0 is None else h0.to(dtype).resolve_conj().expand(shape[:-1]).reshape(R).contiguous()
     ROWS, BLOCK, warps, stages = config

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 import triton
 import triton.language as tl
-from .checks import check_size, full_precision
+from .checks import broadcast_shapes, check_size, full_precision
 from .selective import _to_front, _fold_channels, _unfold_channels
 from .ssd import _growth_chunk
 from .triton_scan import scan_triton
@@ -187,7 +187,7 @@ def ssm_kernel_diag_triton(
     if doubles & {dB.dtype, C.dtype} or (not log and dA.dtype in doubles):
         raise ValueError("the Triton ssm_kernel_diag computes in complex64 (only a logarithm dA with log=True may be double: its exponents are "
                          "taken in float64); use backend='torch' for double precision")
-    shape = torch.broadcast_shapes(dA.shape, dB.shape, C.shape)
+    shape = broadcast_shapes(dA.shape, dB.shape, C.shape)
     W = (C.to(torch.complex64) * dB.to(torch.complex64)).expand(shape).reshape(-1, shape[-1])
     lam = dA.to(torch.complex128 if dA.dtype in doubles else torch.complex64)
     K = _KernelDiag.apply(lam.expand(shape).reshape(-1, shape[-1]), W, L, log).reshape(*shape[:-1], L)

@@ -1,4 +1,6 @@
 """ssm_course.checks: the shared boundary checks (notebook 00)."""
+import subprocess, sys
+
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -15,3 +17,11 @@ def test_broadcast_shapes_is_torchs(shapes):
     try: got = broadcast_shapes(*shapes)
     except RuntimeError: got = None
     assert got == expected, (shapes, got, expected)
+
+
+def test_first_layer_call_does_not_import_sympy():
+    "torch.broadcast_shapes imports sympy (about 500 modules) on its first call; a layer's first forward must not."
+    code = ("import sys, torch\nfrom ssm_course.layers import S4D\nm = S4D(8, 4)\nm(torch.randn(2, 16, 8))\n"
+            "print('sympy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
