@@ -1,4 +1,4 @@
-"""ssm_course.checks: the shared boundary checks (notebook 00)."""
+"""ssm_course.checks: the shared boundary checks (nbs/engine/checks.ipynb)."""
 import subprocess, sys
 
 import torch
