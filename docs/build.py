@@ -10,7 +10,7 @@ copy buttons and live search results (MiniSearch over an index prebuilt here).
     python docs/build.py --out _docs            # the site
     python docs/build.py --readme README.md     # README.md from nbs/index.ipynb
 """
-import argparse, ast, base64, html, importlib, inspect, json, os, re, shutil, string, struct, subprocess, sys, tempfile, unicodedata
+import argparse, ast, base64, html, importlib, inspect, json, os, posixpath, re, shutil, string, struct, subprocess, sys, tempfile, unicodedata
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
@@ -27,19 +27,42 @@ ASSETS = ["site.js", "fonts/STIXTwoMath-Regular.woff2", "fonts/OFL.txt", "vendor
 CODE_BG = "#f6f8fa"  # the code-cell background in style.css; token colours are darkened to 4.5:1 on it
 CODE_BG_DARK = "#161b22"  # the same in dark mode (style.css's prefers-color-scheme: dark); colours lightened to 4.5:1 on it
 MIN_CONTRAST = 4.5   # WCAG 2 AA for normal text
-_re_nb_link = re.compile(r"\]\((?:\./)?(\d+[a-z]?_[\w-]+|index)\.ipynb(#[\w-]*)?\)")
+# A link to a notebook: a lesson or the landing page (`07_scan.ipynb`), or an engine notebook (`engine/scan.ipynb`, or
+# `scan.ipynb` / `../07_scan.ipynb` from inside nbs/engine/).
+_re_nb_link = re.compile(r"\]\((?:\./)?((?:\.\./)?(?:engine/)?[\w-]+)\.ipynb(#[\w-]*)?\)")
+ENGINE = "engine"  # the folder of the engine notebooks (nbs/engine/): their pages are engine/<name>.html
 _re_img_token = re.compile(r"ssm-img:(\d+)")
 
 
 def page_name(nb: Path) -> str:
-    "The HTML page of notebook `nb`, named as nbdev/Quarto name it: `01_ssm.ipynb` -> `ssm.html`."
-    return re.sub(r"^\d+[a-z]?_", "", nb.stem) + ".html"
+    """The HTML page of notebook `nb`, named as nbdev/Quarto name it: `01_ssm.ipynb` -> `ssm.html`; an engine notebook
+    keeps its folder, `engine/scan.ipynb` -> `engine/scan.html`."""
+    name = re.sub(r"^\d+[a-z]?_", "", nb.stem) + ".html"
+    return f"{ENGINE}/{name}" if nb.parent.name == ENGINE else name
 
 
 def notebooks(nbs_path: Path):
-    "The course's notebooks in course order: the landing page first, then by number."
+    "The course's notebooks in course order: the landing page first, then the lessons by number, then the engine notebooks."
     nbs = sorted(p for p in nbs_path.glob("*.ipynb") if not p.name.startswith(("_", ".")))
-    return sorted(nbs, key=lambda p: (p.name != "index.ipynb", p.name))
+    engine = sorted(p for p in (nbs_path / ENGINE).glob("*.ipynb") if not p.name.startswith(("_", ".")))
+    return sorted(nbs, key=lambda p: (p.name != "index.ipynb", p.name)) + engine
+
+
+def lessons(nbs_path: Path):
+    "The landing page and the lessons, in course order (what the landing page's course table lists)."
+    return [p for p in notebooks(nbs_path) if p.parent.name != ENGINE]
+
+
+def is_engine(page_or_name) -> bool:
+    "Whether a page (its name, e.g. `engine/scan.html`) is an engine notebook's."
+    return str(page_or_name).startswith(ENGINE + "/")
+
+
+def rebase(html_: str, prefix: str) -> str:
+    """`html_` written as if at the site's root, for a page one folder down: every relative `href`/`src`/`action` gets `prefix`
+    (`../`); in-page anchors, absolute URLs and data URIs are left alone."""
+    if not prefix: return html_
+    return re.sub(r'\b(href|src|action)="(?![a-z][\w+.-]*:|/|#)([^"]*)"', lambda m: f'{m[1]}="{prefix}{m[2]}"', html_)
 
 
 # ---------------------------------------------------------------- notebook -> Markdown
@@ -381,14 +404,18 @@ def nb_to_markdown(nb: dict, link_fn, images: Images, wrap_outputs=True) -> tupl
     return meta, "\n\n".join(parts) + "\n"
 
 
-def _link_rewriter(doc_url: str, target: str):
-    "Rewrite links to notebooks and to the published site so that they work in `target` ('site' or 'readme')."
+def _link_rewriter(doc_url: str, target: str, folder: str = ""):
+    """Rewrite links to notebooks and to the published site so that they work in `target` ('site' or 'readme'). `folder`
+    is the notebook's folder under nbs/ ("" or "engine"): its relative links are resolved from there. Site links come out
+    relative to the site's root (`rebase` moves an engine page's links down a folder)."""
+    def nb(m):  # the linked notebook's path under nbs/, without .ipynb
+        return posixpath.normpath(posixpath.join(folder, m[1]))
     def fn(md: str) -> str:
         if target == "site":
-            md = _re_nb_link.sub(lambda m: f"]({page_name(Path(m[1]))}{m[2] or ''})", md)
+            md = _re_nb_link.sub(lambda m: f"]({page_name(Path(nb(m)))}{m[2] or ''})", md)
             if doc_url: md = md.replace(doc_url.rstrip("/") + "/", "")
         else:
-            md = _re_nb_link.sub(lambda m: f"](nbs/{m[1]}.ipynb{m[2] or ''})", md)
+            md = _re_nb_link.sub(lambda m: f"](nbs/{nb(m)}.ipynb{m[2] or ''})", md)
         return md
     return fn
 
@@ -599,8 +626,11 @@ def _yaml_header(meta):
 
 def nav_html(pages, current):
     "The course's pages as a list, the current one marked for browsers and screen readers."
-    items = []
+    items, engine = [], False
     for p in pages:
+        if is_engine(p["name"]) and not engine:  # the engine notebooks: their own section, after the lessons
+            engine = True
+            items.append('<li class="nav-section"><span>Engine: how the library makes it fast</span></li>')
         cur = p["name"] == current
         li, aria = (' class="active"', ' aria-current="page"') if cur else ("", "")
         num = f'<span class="num">{p["num"]}</span> ' if p["num"] else ""
@@ -664,11 +694,11 @@ def render_page(page, pages, i, cfg, theme, fragment) -> str:
     title, description, toc, body = (tidy_mathml(s) for s in _pandoc_html(md, theme, fragment))
     body = images.restore(_permalinks(wrap_tables(table_labels(param_tables(inline_code(body))))))
     nb = page["nb"]
-    nb_path = f"{cfg.nbs_path.name}/{nb.name}"
+    nb_path = f"{cfg.nbs_path.name}/{nb.relative_to(cfg.nbs_path).as_posix()}"
     colab = f"https://colab.research.google.com/github/{cfg.user}/{cfg.repo}/blob/{cfg.branch}/{nb_path}"
     # the notebook as the repository shows it (pyproject.toml's Repository URL), rendered; the file itself to download
     source = (f'Source notebook: <a href="{cfg.git_url}/blob/{cfg.branch}/{nb_path}">{nb_path}</a>'
-              f' (<a href="nbs/{nb.name}" download>download</a>; open it in Jupyter: <code>make lab</code>)'
+              f' (<a href="{nb_path}" download>download</a>; open it in Jupyter: <code>make lab</code>)'
               f' · <a href="{colab}">Open in Colab</a>')
     toc = _strip_toc_ids(toc)
     nxt = page.get("next", i + 1)
@@ -839,11 +869,12 @@ def start_page(md: str, pages) -> int | None:
 def build_site(out: Path, n_workers=0):
     cfg = get_config()
     cache = process(cfg, n_workers)
-    link_fn = _link_rewriter(cfg.doc_url, "site")
     pages = []
     for nb in notebooks(cfg.nbs_path):
+        rel = nb.relative_to(cfg.nbs_path)
         images = Images(prefix=page_name(nb)[:-len(".html")])
-        meta, body = nb_to_markdown(json.loads((cache / nb.name).read_text()), link_fn, images)
+        link_fn = _link_rewriter(cfg.doc_url, "site", rel.parent.as_posix().strip("."))
+        meta, body = nb_to_markdown(json.loads((cache / rel).read_text()), link_fn, images)
         num = re.match(r"(\d+[a-z]?)_", nb.name)
         label = "Overview" if nb.name == cfg.readme_nb else meta.get("title", nb.stem)
         pages.append(dict(nb=nb, meta=meta, md=_yaml_header(meta) + body, images=images, name=page_name(nb),
@@ -859,7 +890,9 @@ def build_site(out: Path, n_workers=0):
         (out / a).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(HERE / a, out / a)
     (out / "nbs").mkdir(exist_ok=True)
-    for p in pages: shutil.copy(p["nb"], out / "nbs" / p["nb"].name)  # "Source notebook" links work offline and online
+    for p in pages:  # "Source notebook" links work offline and online
+        (out / "nbs" / p["nb"].relative_to(cfg.nbs_path)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(p["nb"], out / "nbs" / p["nb"].relative_to(cfg.nbs_path))
     with tempfile.TemporaryDirectory() as tmp:
         theme, fragment = highlight_theme(Path(tmp) / "code.theme"), Path(tmp) / "fragment.html"
         fragment.write_text(_FRAGMENT)
@@ -872,11 +905,14 @@ def build_site(out: Path, n_workers=0):
             htmls = list(ex.map(lambda i: render_page(pages[i], pages, i, cfg, theme, fragment), range(len(pages))))
     shutil.rmtree(out / "figures", ignore_errors=True)
     for p, s in zip(pages, htmls):
+        (out / p["name"]).parent.mkdir(parents=True, exist_ok=True)
         (out / p["name"]).write_text(s)
         p["images"].save(out)
     _unlink_missing_anchors(out)
     write_search(pages, out, cfg, pages)
     write_markdown(pages, out, cfg)
+    for p in pages:  # written as if at the root; an engine page's links move down its folder, last
+        if is_engine(p["name"]): (out / p["name"]).write_text(rebase((out / p["name"]).read_text(), "../"))
     return out
 
 
@@ -884,7 +920,10 @@ def write_markdown(pages, out: Path, cfg):
     """Each page's Markdown beside it as `<page>.html.md` (nbdev's convention, which the `Docs:` line of each module's
     docstring points to): the text the page is rendered from, math as TeX, figures as the page's image files. And
     `llms.txt` (llmstxt.org) listing them, with the site's title and description."""
-    for p in pages: (out / (p["name"] + ".md")).write_text(p["images"].restore(p["md"]))
+    for p in pages:
+        md = p["images"].restore(p["md"])
+        if is_engine(p["name"]): md = re.sub(r"\]\((?![a-z][\w+.-]*:|/|#)", "](../", rebase(md, "../"))  # one folder down
+        (out / (p["name"] + ".md")).write_text(md)
     home = next(p for p in pages if p["nb"].name == cfg.readme_nb)
     url = cfg.doc_url.rstrip("/") + "/" if cfg.doc_url else ""  # absolute: llms.txt is read on its own
     def item(p):
@@ -898,9 +937,10 @@ def write_markdown(pages, out: Path, cfg):
 
 def _unlink_missing_anchors(out: Path):
     "nbdev links every backticked name it knows, private helpers included; drop links whose anchor no page defines."
-    ids = {p.name: set(re.findall(r'\sid="([^"]+)"', p.read_text())) for p in out.glob("*.html")}
-    link = re.compile(r'<a\s+href="([\w.-]+\.html)#([^"]+)"[^>]*>(.*?)</a>', re.S)
-    for p in out.glob("*.html"):
+    files = [*out.glob("*.html"), *out.glob(f"{ENGINE}/*.html")]
+    ids = {p.relative_to(out).as_posix(): set(re.findall(r'\sid="([^"]+)"', p.read_text())) for p in files}
+    link = re.compile(r'<a\s+href="([\w./-]+\.html)#([^"]+)"[^>]*>(.*?)</a>', re.S)
+    for p in files:
         html_ = p.read_text()
         fixed = link.sub(lambda m: m[0] if m[2] in ids.get(m[1], ()) else m[3], html_)
         if fixed != html_: p.write_text(fixed)

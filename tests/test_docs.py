@@ -4,7 +4,7 @@ search, working internal links, and a README in sync with nbs/index.ipynb.
 
 The browser checks run in headless Chromium (Debian: `apt-get install chromium-headless-shell`). Without it they are
 skipped, unless SSM_COURSE_REQUIRE_BROWSER=1 (as `.ci/run` sets), where a missing browser is an error."""
-import html, html.parser, json, math, re, subprocess, sys, tempfile
+import html, html.parser, json, math, posixpath, re, subprocess, sys, tempfile
 import torch
 from pathlib import Path
 import pytest
@@ -27,7 +27,18 @@ def site(tmp_path_factory):
 
 
 def pages_of(site):
-    return sorted(p for p in site.glob("*.html") if not p.name.startswith("_"))
+    "Every page of the site: the landing page, the lessons and search at the root, the engine notebooks' in engine/."
+    return sorted(p for p in [*site.glob("*.html"), *site.glob("engine/*.html")] if not p.name.startswith("_"))
+
+
+def rel(site, page):
+    "A page's path from the site's root (`scan.html`, `engine/scan.html`): its name in links and in the search index."
+    return page.relative_to(site).as_posix()
+
+
+def up(name):
+    "What a page's links to the site's root start with: `../` from an engine page, nothing from the root."
+    return "../" * name.count("/")
 
 
 class Text(html.parser.HTMLParser):
@@ -144,7 +155,7 @@ return {scrollWidth: doc.documentElement.scrollWidth, viewport: vw, wide: wide.s
 @pytest.fixture(scope="module")
 def phone(site):
     "Every page, as headless Chromium lays it out on a 390 px wide phone."
-    return browser_report(site, [p.name for p in pages_of(site)], PAGE_CHECKS)
+    return browser_report(site, [rel(site, p) for p in pages_of(site)], PAGE_CHECKS)
 
 
 def test_browser_checks_skip_or_fail_without_chromium(monkeypatch):
@@ -270,7 +281,7 @@ CONTRAST_PAGES = ["index.html", "hippo.html", "conventions.html", "layers.html",
 @pytest.fixture(scope="module")
 def desktop(site):
     "Every page, as headless Chromium lays it out in a 1000 px wide window."
-    return browser_report(site, [p.name for p in pages_of(site)], PAGE_CHECKS, width=1000)
+    return browser_report(site, [rel(site, p) for p in pages_of(site)], PAGE_CHECKS, width=1000)
 
 
 @pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
@@ -367,10 +378,11 @@ def test_source_notebook_on_github(site):
     import tomllib
     repo = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"].rstrip("/")
     for nb in build.notebooks(ROOT / "nbs"):
-        s = (site / build.page_name(nb)).read_text()
+        s, rel = (site / build.page_name(nb)).read_text(), nb.relative_to(ROOT / "nbs").as_posix()
+        up = "../" if build.is_engine(build.page_name(nb)) else ""
         source = re.search(r'<p class="source">Source notebook: <a href="([^"]+)">nbs/([^<]+)</a>', s)
-        assert source and source[1] == f"{repo}/blob/main/nbs/{nb.name}" and source[2] == nb.name, (nb.name, source and source[0])
-        assert f'<a href="nbs/{nb.name}" download>download</a>' in s
+        assert source and source[1] == f"{repo}/blob/main/nbs/{rel}" and source[2] == rel, (rel, source and source[0])
+        assert f'<a href="{up}nbs/{rel}" download>download</a>' in s
 
 
 def test_landing_page_next_is_where_it_says_to_start(site):
@@ -386,15 +398,16 @@ def test_landing_page_next_is_where_it_says_to_start(site):
 def test_one_page_per_notebook(site):
     nbs = build.notebooks(ROOT / "nbs")
     assert len(nbs) >= 3 and nbs[0].name == "index.ipynb"
-    pages = sorted(p.name for p in pages_of(site))
+    pages = sorted(p.relative_to(site).as_posix() for p in pages_of(site))
     assert pages == sorted([build.page_name(nb) for nb in nbs] + ["search.html"])
     for nb in nbs:  # every page has the navigation with every page in it, in course order, the current one marked
-        s = (site / build.page_name(nb)).read_text()
+        s, rel = (site / build.page_name(nb)).read_text(), nb.relative_to(ROOT / "nbs").as_posix()
+        up = "../" if build.is_engine(build.page_name(nb)) else ""  # an engine page's links go up its folder
         nav = re.search(r'<ul class="nav">.*?</ul>', s, re.S)[0]
-        assert [u for t, u in parse(nav).urls] == [build.page_name(n) for n in nbs]
-        assert re.findall(r'<a href="([^"]+)" aria-current="page"', nav) == [build.page_name(nb)]
-        assert (site / "nbs" / nb.name).exists() and f'href="nbs/{nb.name}"' in s  # the source notebook, offline
-        assert f"colab.research.google.com/github/ssm-course/ssm_course/blob/main/nbs/{nb.name}" in s
+        assert [u for t, u in parse(nav).urls] == [up + build.page_name(n) for n in nbs]
+        assert re.findall(r'<a href="([^"]+)" aria-current="page"', nav) == [up + build.page_name(nb)]
+        assert (site / "nbs" / rel).exists() and f'href="{up}nbs/{rel}"' in s  # the source notebook, offline
+        assert f"colab.research.google.com/github/ssm-course/ssm_course/blob/main/nbs/{rel}" in s
 
 
 def test_titles_and_site_name(site):
@@ -413,8 +426,9 @@ def test_no_network_resources_and_no_required_javascript(site):
         remote = [(t, u) for t, u in p.urls if t in ("script", "link", "img", "iframe", "source") and re.match(r"(https?:)?//", u)]
         assert not remote, f"{page.name} loads {remote}"
         assert not re.search(r"url\(\s*['\"]?(https?:)?//", s), page.name
-        assert re.findall(r"<script[^>]*>", s) == ['<script src="site.js" defer>'], page.name
-        assert 'class="copy"' not in s and '<form class="search" action="search.html"' in s
+        u = up(rel(site, page))
+        assert re.findall(r"<script[^>]*>", s) == [f'<script src="{u}site.js" defer>'], page.name
+        assert 'class="copy"' not in s and f'<form class="search" action="{u}search.html"' in s
     css = (site / "style.css").read_text()
     assert not re.search(r"url\(\s*['\"]?(https?:)?//|@import", css)
     for url in re.findall(r"url\(\"?([^\")]+)\"?\)", css): assert (site / url).exists(), url
@@ -427,11 +441,12 @@ def test_search_index_covers_every_section(site):
     docs = json.loads(re.search(r"window\.SSM_SEARCH_DOCS = (.*);\s*$", js, re.S)[1])
     sitemap = (site / "search.html").read_text()
     for page in pages_of(site):
-        if page.name == "search.html": continue
+        name = rel(site, page)
+        if name == "search.html": continue
         sections = set(re.findall(r'<section id="([^"]+)"', page.read_text()))
-        indexed = {d["a"] for d in docs if d["p"] == page.name}
-        assert sections <= indexed, (page.name, sorted(sections - indexed)[:5])
-        for a in sections: assert f'href="{page.name}#{a}"' in sitemap, (page.name, a)
+        indexed = {d["a"] for d in docs if d["p"] == name}
+        assert sections <= indexed, (name, sorted(sections - indexed)[:5])
+        for a in sections: assert f'href="{name}#{a}"' in sitemap, (name, a)
     assert any(d["t"] == "scan" and d["p"] == "scan.html" for d in docs)  # API entries are searchable
     assert all("#" not in d["t"] for d in docs)  # permalink marks are not part of the headings
 
@@ -439,7 +454,7 @@ def test_search_index_covers_every_section(site):
 def test_every_figure_cell_has_its_figure():
     "A code cell with a `fig-cap` has a committed image: the site shows committed outputs, and a notebook executed with a non-inline matplotlib backend (MPLBACKEND=Agg) would lose them silently."
     missing = []
-    for path in sorted((ROOT / "nbs").glob("*.ipynb")):
+    for path in sorted((ROOT / "nbs").rglob("*.ipynb")):
         for cell in json.loads(path.read_text())["cells"]:
             src = "".join(cell["source"])
             if cell["cell_type"] == "code" and "#| fig-cap" in src and not any(
@@ -457,10 +472,10 @@ def test_figures_are_figures(site):
         n += len(imgs)
         assert s.count('<figure class="figure">') == len(imgs), page.name
         for img in imgs:
-            src = re.search(r'src="(figures/[\w-]+\.(png|jpg|svg))"', img)
-            assert src and (site / src[1]).stat().st_size > 100, (page.name, img[:100])
-            if src[2] == "png": assert (site / src[1]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-            assert re.search(r' width="\d+" height="\d+"', img) or src[2] == "svg", (page.name, img[:100])
+            src = re.search(r'src="(' + up(rel(site, page)) + r')(figures/[\w/-]+\.(png|jpg|svg))"', img)
+            assert src and (site / src[2]).stat().st_size > 100, (page.name, img[:100])
+            if src[3] == "png": assert (site / src[2]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            assert re.search(r' width="\d+" height="\d+"', img) or src[3] == "svg", (page.name, img[:100])
         assert len(s.encode()) < 600_000, f"{page.name}: {len(s.encode())} bytes of HTML"
     assert n >= 10
 
@@ -550,7 +565,7 @@ def test_landing_page_lists_every_notebook(site):
     s = (site / "index.html").read_text()
     table = re.search(r'<div class="course-table">\s*(?:<div class="table-wrap">\s*)?<table.*?</table>', s, re.S)[0]
     rows = re.findall(r"<tr\b.*?</tr>", table.split("</thead>")[1], re.S)
-    assert [re.search(r'href="([^"#]+\.html)"', r)[1] for r in rows] == [build.page_name(nb) for nb in build.notebooks(ROOT / "nbs")[1:]]
+    assert [re.search(r'href="([^"#]+\.html)"', r)[1] for r in rows] == [build.page_name(nb) for nb in build.lessons(ROOT / "nbs")[1:]]
     assert all(re.findall(r'<td data-label="([^"]*)"', r) == ["#", "Notebook", "What it teaches", "What it reproduces or checks"] for r in rows)
 
 
@@ -568,7 +583,7 @@ def test_landing_page_numbers_come_from_the_notebooks():
     page behind. Small counts (up to 10: seeds, "5 of 5") are left out."""
     index = "".join(json.loads((ROOT / "nbs" / "index.ipynb").read_text())["cells"][1]["source"])
     rows = [r for r in index.splitlines() if re.match(r"\|\s*\d+[a-z]?\s*\|", r)]
-    assert len(rows) == len(build.notebooks(ROOT / "nbs")) - 1
+    assert len(rows) == len(build.lessons(ROOT / "nbs")) - 1
     for row in rows:
         nb_name = re.search(r"\]\((\d+[a-z]?_[\w-]+\.ipynb)\)", row)[1]
         nb = json.loads((ROOT / "nbs" / nb_name).read_text())
@@ -589,7 +604,7 @@ def test_markdown_outputs_link_offline(site):
     for page in pages_of(site):
         s = re.sub(r'<p class="source">.*?</p>', "", page.read_text(), flags=re.S)  # the page's own notebook (test_source_notebook_on_github)
         assert "ssm-course.github.io" not in s, page.name
-        assert not re.findall(r'href="(?!nbs/|https://colab\.research\.google\.com/)[^"]*\.ipynb', s), page.name
+        assert not re.findall(r'href="(?!(?:\.\./)?nbs/|https://colab\.research\.google\.com/)[^"]*\.ipynb', s), page.name
 
 
 # ---------------------------------------------------------------- API entries
@@ -768,12 +783,12 @@ def test_print_and_phone_styles(site):
 
 # ---------------------------------------------------------------- links, README
 def test_internal_links_resolve(site):
-    parsed = {p.name: parse(p.read_text()) for p in pages_of(site)}
+    parsed = {rel(site, p): parse(p.read_text()) for p in pages_of(site)}
     for name, p in parsed.items():
         for tag, url in p.urls:
             if tag != "a" or re.match(r"[a-z]+:", url): continue
             target, _, anchor = url.partition("#")
-            target = target.partition("?")[0] or name
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(name), target.partition("?")[0])) if target else name
             assert (site / target).exists(), f"{name}: broken link {url}"
             if anchor: assert anchor in parsed[target].ids, f"{name}: missing anchor {url}"
 
@@ -783,7 +798,7 @@ def test_docstring_docs_links_resolve(site):
     the page's Markdown, math as TeX; llms.txt lists every page's Markdown, in course order."""
     from nbdev.config import get_config
     doc_url = get_config().doc_url.rstrip("/") + "/"
-    urls = {p.name: re.findall(r"Docs: (\S+?)(?:\"\"\"|\s|$)", p.read_text()) for p in sorted((ROOT / "ssm_course").glob("*.py"))}
+    urls = {p.name: re.findall(r"Docs: (\S+?)(?:\"\"\"|\s|$)", p.read_text()) for p in sorted((ROOT / "ssm_course").rglob("*.py"))}
     urls = {k: v for k, v in urls.items() if v}
     assert len(urls) >= 10, urls
     for mod, (url, *more) in urls.items():
@@ -794,7 +809,7 @@ def test_docstring_docs_links_resolve(site):
         assert md.startswith("---\ntitle:") or "\ntitle:" in md.split("---")[1], (mod, md[:80])
         assert "ssm-img:" not in md, mod  # figures as the image files beside the page
     pages = [build.page_name(nb) for nb in build.notebooks(ROOT / "nbs")]
-    assert sorted(p.name for p in site.glob("*.html.md")) == sorted(p + ".md" for p in pages)
+    assert sorted(p.relative_to(site).as_posix() for p in [*site.glob("*.html.md"), *site.glob("engine/*.html.md")]) == sorted(p + ".md" for p in pages)
     llms = (site / "llms.txt").read_text()
     assert llms.startswith("# ssm_course\n\n> ") and re.findall(r"\]\(([^)]+)\)", llms) == [doc_url + p + ".md" for p in pages]
     ssm = (site / "ssm.html.md").read_text()  # the text the page renders: the API table's TeX, which the HTML typesets
@@ -834,5 +849,5 @@ def test_quarto_option_check():
     nb = {"cells": [cell('#| fig-cap: "a: b"\n#| code-fold: true\nx'), cell("#| export\n#| fig-alt: A plot: two lines\nx"),
                     cell("#| export\nx"), {"cell_type": "markdown", "source": "#| fig-cap: a: b"}, cell("#| fig-cap: [a, b]\nx")]}
     assert build.quarto_option_errors(nb) == [1]
-    bad = {p.name: e for p in sorted((ROOT / "nbs").glob("*.ipynb")) if (e := build.quarto_option_errors(json.loads(p.read_text())))}
+    bad = {p.name: e for p in sorted((ROOT / "nbs").rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts if (e := build.quarto_option_errors(json.loads(p.read_text())))}
     assert not bad, f"cells whose options Quarto cannot read: {bad}"  # and the course's own notebooks have none
