@@ -9,10 +9,11 @@ __all__ = ['matrix_exp', 'state_transition', 'basis_functions', 'impulse_respons
            'spectral_abscissa', 'is_stable']
 
 # %% ../nbs/01_ssm.ipynb #cc9de1eb
-import math, numbers
+import math
 import torch
 from torch import Tensor
-from .checks import broadcast_shapes, check_tensor, check_square, check_last_dim, check_size, broadcast_batch, float_dtype, compute_dtype, real_dtype, to_precision, values_hidden, full_precision
+from .checks import broadcast_shapes, check_tensor, check_square, check_last_dim, broadcast_batch, float_dtype, compute_dtype, real_dtype, to_precision, values_hidden, full_precision
+from ._engine.ssm import _check_times, _check_random_ssm, _check_D
 
 # %% ../nbs/01_ssm.ipynb #21edf9de
 @full_precision
@@ -34,15 +35,6 @@ def matrix_exp(
     return torch.where(band[..., None, None], T, E)
 
 # %% ../nbs/01_ssm.ipynb #4092dec4
-def _check_times(
-    t, # the times argument, to check
-    like:Tensor, # the tensor whose device and real precision `t` takes
-)->Tensor:
-    "`t` as a real 1-D tensor in the real precision of `like`."
-    t = check_tensor(t, "t", ndim=1)
-    if t.is_complex(): raise TypeError(f"t must be real times, got dtype {t.dtype}")
-    return t.to(device=like.device, dtype=real_dtype(like.dtype))
-
 @full_precision
 def state_transition(
     A:Tensor, # state matrix, (..., N, N)
@@ -96,13 +88,7 @@ def random_ssm(
     dtype:torch.dtype=torch.float64, # floating-point or complex dtype of the returned tensors (an integer dtype raises: it would truncate)
 )->tuple[Tensor, Tensor, Tensor, Tensor]: # (A (N, N), B (N,), C (N,), D ())
     "A random single-input single-output SSM $(A, B, C, D)$ for tests and examples."
-    N, seed = check_size(N, "N"), check_size(seed, "seed", min=0)
-    if not isinstance(stable, bool): raise TypeError(f"stable must be True or False, got {stable!r}")
-    if isinstance(margin, bool) or not isinstance(margin, numbers.Real): raise TypeError(f"margin must be a real number, got {margin!r}")
-    if not (0 < margin < math.inf if stable else 0 <= margin < math.inf):
-        raise ValueError(f"margin must be finite and {'> 0 with stable=True' if stable else '>= 0'}, got {margin}")
-    if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or dtype.is_complex):
-        raise TypeError(f"dtype must be a floating-point or complex torch.dtype, got {dtype!r}")
+    N, seed = _check_random_ssm(N, stable, margin, seed, dtype)
     g = torch.Generator().manual_seed(seed)
     A, B, C, D = (torch.randn(s, generator=g, dtype=torch.float64) for s in [(N, N), (N,), (N,), ()])
     A = A / math.sqrt(N)
@@ -122,8 +108,7 @@ def step_response(
     N = check_square(A, "A")
     check_last_dim(B, "B", N)
     check_last_dim(C, "C", N)
-    if not isinstance(D, (Tensor, numbers.Number)) or isinstance(D, bool): raise TypeError(f"D must be a number or a tensor, got {type(D).__name__}")
-    D = torch.as_tensor(D, device=A.device)
+    D = _check_D(D, A)  # a tensor on A's device
     broadcast_batch(A=A.shape[:-2], B=B.shape[:-1], C=C.shape[:-1], D=D.shape)
     cd = compute_dtype(A, B)
     batch = broadcast_shapes(A.shape[:-2], B.shape[:-1])
