@@ -8,57 +8,16 @@ Docs: https://ssm-course.github.io/ssm_course/discretize.html.md"""
 __all__ = ['DENSE_METHODS', 'DIAG_METHODS', 'discretize', 'expm1', 'phi1', 'discretize_diag']
 
 # %% ../nbs/02_discretize.ipynb #7418ef29
-import math, numbers
+import math
 import torch
 from torch import Tensor
-from .checks import broadcast_shapes, check_tensor, check_square, check_last_dim, check_choice, check_positive, broadcast_batch, values_hidden, float_dtype, compute_dtype, real_dtype, to_precision, full_precision
+from .checks import broadcast_shapes, check_tensor, check_square, check_last_dim, check_choice, broadcast_batch, float_dtype, compute_dtype, to_precision, full_precision
 from .ssm import matrix_exp
-
-# %% ../nbs/02_discretize.ipynb #013422f5
-DENSE_METHODS = {"zoh", "bilinear", "euler", "backward_euler", "gbt"}
-_ALPHA = {"euler": 0.0, "backward_euler": 1.0, "bilinear": 0.5}
-
-def _check_dt(
-    dt:Tensor|float, # the step, a positive real number or tensor
-    like:Tensor, # the tensor whose device and (real) precision `dt` takes; integer dtypes count as float
-    batch_shape:tuple, # the batch shape `dt` must broadcast with
-    name:str="dt", # the argument's name, quoted in the error
-)->Tensor:
-    "`dt` as a real tensor of `like`'s precision and device, checked positive and finite (unless values are hidden), broadcastable with `batch_shape`."
-    check_positive(dt, name)  # TypeError for complex or bool, ValueError for <= 0 or NaN; skipped on meta tensors and under torch.compile
-    real = real_dtype(float_dtype(like))
-    if not isinstance(dt, Tensor): dt = torch.tensor(dt, dtype=real, device=like.device)  # a Python float keeps its 64 bits
-    dt = dt.to(device=like.device, dtype=real)
-    if not values_hidden(dt) and dt.numel() and not bool(torch.isfinite(dt).all()): raise ValueError(f"{name} must be finite, got max {dt.max().item()}")
-    try: broadcast_shapes(dt.shape, tuple(batch_shape))
-    except RuntimeError: raise ValueError(f"{name} of shape {tuple(dt.shape)} does not broadcast with the batch shape {tuple(batch_shape)}") from None
-    return dt
-
-def _check_alpha(
-    method:str, # the (checked) method name
-    alpha, # the `alpha` argument
-)->float|None:
-    "The GBT weight of `method`; `alpha` is required for (and only for) 'gbt'."
-    if method == "gbt":
-        if alpha is None: raise ValueError("alpha is required for method='gbt'")
-        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real): raise TypeError(f"alpha must be a real number, got {alpha!r}")
-        if not 0 <= alpha <= 1: raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-        return float(alpha)
-    if alpha is not None: raise ValueError(f"alpha is only used with method='gbt', got alpha={alpha} with method={method!r}")
-    return _ALPHA.get(method)
+from ._engine.discretize import _check_dt, _check_alpha, _check_B, _singular, _zero_denominator
 
 # %% ../nbs/02_discretize.ipynb #84814252
-def _singular(
-    info:Tensor, # `torch.linalg.solve_ex`'s info, (...): nonzero where the matrix is singular
-    what:str, # the matrix, in words
-    method:str, # the method's name
-    alpha:float, # its weight
-)->None:
-    "Raise a `ValueError` naming `A`, `dt` and the method if any solve met a singular matrix (not checked where values are hidden)."
-    if values_hidden(info) or not bool((info != 0).any()): return
-    idx = tuple(i.item() for i in (info != 0).nonzero()[0])
-    raise ValueError(f"{what} is singular{f' at batch index {idx}' if idx else ''} for method={method!r} (alpha={alpha}): "
-                     f"A has an eigenvalue 1/(alpha dt); use another dt or method (zoh has no solve)")
+DENSE_METHODS = {"zoh", "bilinear", "euler", "backward_euler", "gbt"}
+_ALPHA = {"euler": 0.0, "backward_euler": 1.0, "bilinear": 0.5}  # the weight alpha of each named method (the table above)
 
 @full_precision
 def discretize(
@@ -71,14 +30,8 @@ def discretize(
     "Discretize the dense SSM $x' = Ax + Bu$ into $x_k = \\bar A x_{k-1} + \\bar B u_k$, returned as `(Ad, Bd)`: `Ad` is real when `A` is, `Bd` complex when `A` or `B` is."
     N = check_square(A, "A")
     method = check_choice(method, "method", DENSE_METHODS)
-    alpha = _check_alpha(method, alpha)
-    vector = check_tensor(B, "B", min_ndim=1).ndim < A.ndim
-    if vector and B.shape[-1] != N:
-        other = f"; for input matrices (..., N, M), give B as many dimensions as A: B[{'None, ' * (A.ndim - B.ndim)}...]" if B.ndim >= 2 and B.shape[-2] == N else ""
-        raise ValueError(f"B has fewer dimensions than A {tuple(A.shape)}, so it is read as input vectors (..., N) with N={N}, got shape {tuple(B.shape)}{other}")
-    if not vector and B.shape[-2] != N:
-        other = f"; for input vectors (..., N) with a shared A, give A batch axes so that B has fewer dimensions: discretize(A[{'None, ' * (B.ndim - A.ndim + 1)}...], B, dt)" if B.shape[-1] == N else ""
-        raise ValueError(f"B has as many dimensions as A {tuple(A.shape)} or more, so it is read as input matrices (..., N, M) with N={N}, got shape {tuple(B.shape)}{other}")
+    alpha = _ALPHA.get(method, _check_alpha(method, alpha))  # the named methods' weight, or the given one for "gbt"
+    vector = _check_B(A, B, N)  # input vectors (..., N) if B has fewer dimensions than A, else input matrices (..., N, M)
     out, cd = float_dtype(A, B), compute_dtype(A, B)  # integers become float; half precision is computed in float32
     split = B.is_complex() and not A.is_complex()  # a real A with a complex B: Re B and Im B are discretized as two real inputs
     A = to_precision(A, cd)
@@ -152,7 +105,7 @@ def discretize_diag(
     N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
     check_last_dim(B, "B", N)
     method = check_choice(method, "method", DIAG_METHODS)
-    alpha = _check_alpha(method, alpha)
+    alpha = _ALPHA.get(method, _check_alpha(method, alpha))
     out, cd = float_dtype(Lambda, B), compute_dtype(Lambda, B)  # integers become float; half precision is computed in float32
     Lambda, B = to_precision(Lambda, cd), to_precision(B, cd)
     dt = _check_dt(dt, Lambda, broadcast_batch(Lambda=Lambda.shape[:-1], B=B.shape[:-1]))[..., None]  # (..., 1)
@@ -162,7 +115,6 @@ def discretize_diag(
         dB = dt * (phi1(z) if method == "zoh" else 1) * B
     else:
         denom = 1 - alpha * z
-        if not values_hidden(denom) and bool((denom == 0).any()):
-            raise ValueError(f"1 - alpha dt Lambda is zero for method={method!r} (alpha={alpha}): an eigenvalue in Lambda equals 1/(alpha dt); use another dt or method")
+        _zero_denominator(denom, method, alpha)
         dA, dB = (1 + (1 - alpha) * z) / denom, dt * B / denom
     return to_precision(dA, out), to_precision(dB, out)
