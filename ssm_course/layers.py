@@ -8,93 +8,25 @@ Docs: https://ssm-course.github.io/ssm_course/layers.html.md"""
 __all__ = ['LAYERS', 'S4D', 'dplr_bilinear_step', 'S4', 'DSS', 'LRU', 'Mamba', 'ssm_param_groups', 'SequenceModel', 'rope', 'CausalAttention', 'mimetic_init_']
 
 # %% ../nbs/12_layers.ipynb #b7d8eb4a
-import contextlib, math, numbers
+import math
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
-from .checks import check_tensor, check_choice, check_size, check_positive, values_hidden, check_last_dim, broadcast_batch, compute_dtype, full_precision
-from .discretize import discretize, discretize_diag, _check_dt
+from .checks import check_choice, check_size, full_precision
+from .discretize import discretize, discretize_diag
 from .hippo import dplr
 from .inits import S4D_INITS, s4d_init, dss_init, log_uniform_dt
 from .conv import causal_conv, ssm_kernel_diag, ssm_kernel_dplr, krylov
 from .scan import scan
 from .selective import selective_scan
+from ._engine.layers import _f32, _c, _cparam, _working, _no_autocast  # precision: see "One interface for five layers"
+from ._engine.layers import _check_x, _check_state, _check_dt_range, _check_d_state, _check_lru_init, _check_dplr_step  # checks, one line each
+from ._engine.layers import _check_mamba_state, _check_model_args, _check_model_input, _check_step_args
 
-# %% ../nbs/12_layers.ipynb #4ed647d8
-_HALF = (torch.float16, torch.bfloat16)
-
-def _f32(t): return t.float() if t.dtype in _HALF else t  # half precision is computed in float32
-
-def _c(p): return torch.view_as_complex(_f32(p))  # complex view of a (..., 2) real parameter
-
-def _cparam(z): return nn.Parameter(torch.view_as_real(z.to(torch.complex64)).clone())
-
-# %% ../nbs/12_layers.ipynb #43c74f12
-def _check_device(t, name, device):
-    "Check that tensor `t` is on `device`, the device of the layer's parameters (None: not checked)."
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} is on device {t.device} but the layer's parameters are on {device}: move it with .to({str(device)!r}), or the layer with .to({str(t.device)!r})")
-    return t
-
-def _check_x(x, H, name="x", ndim=3, device=None):
-    "Check a layer input: a real floating-point tensor (batch, length, H), or (batch, H) for a step, on the parameters' `device`."
-    check_tensor(x, name, ndim=ndim)
-    if not x.is_floating_point(): raise TypeError(f"{name} must be a real floating-point tensor, got {x.dtype}")
-    if x.shape[-1] != H: raise ValueError(f"{name} must have shape ({'batch, length' if ndim == 3 else 'batch'}, d_model={H}), got {tuple(x.shape)}")
-    if ndim == 3 and x.shape[1] == 0: raise ValueError(f"{name} is an empty sequence: shape {tuple(x.shape)}")
-    return _check_device(x, name, device)
-
-def _check_state(state, shape, name="state", device=None):
-    "Check a carried state against the shape that `initial_state(batch)` gives, on the parameters' `device`."
-    check_tensor(state, name)
-    if tuple(state.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)} (as initial_state(batch) gives for this input), got {tuple(state.shape)}")
-    return _check_device(state, name, device)
-
-def _working(x, p):
-    "`x` in the dtype the layer computes in: float32, or float64 when the input or the parameter `p` is float64."
-    return x.to(torch.promote_types(_f32(x).dtype, _f32(p).dtype))
-
-def _no_autocast(x):
-    "Autocast off on `x`'s device: the SSM's own arithmetic stays in float32 or float64 under mixed precision."
-    dev = x.device.type
-    return torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else contextlib.nullcontext()
-
-def _check_dplr_step(Lambda, P, B, dt, x, u):
-    "Check `dplr_bilinear_step`'s inputs; return them in one complex precision (half raised to float32), `dt` and `u` real."
-    N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
-    for t, name in ((P, "P"), (B, "B"), (x, "x")): check_last_dim(t, name, N)
-    if check_tensor(u, "u").is_complex(): raise TypeError(f"u must be real (one input per channel), got {u.dtype}")
-    if P.ndim <= Lambda.ndim:  # the rank axis is never guessed from sizes: P's last two axes are always (r, N), as in ssm_kernel_dplr
-        raise ValueError(f"P must have shape (..., r, N), with its rank axis r: at least one dimension more than Lambda {tuple(Lambda.shape)}, "
-                         f"got P of shape {tuple(P.shape)}; for rank 1 write P[..., None, :], for one rank-r factor shared by the channels P[None]")
-    batch = broadcast_batch(Lambda=Lambda.shape[:-1], P=P.shape[:-2], B=B.shape[:-1], x=x.shape[:-1], u=u.shape)
-    ctype = torch.promote_types(compute_dtype(Lambda, P, B, x, u), torch.complex64)
-    Lambda, P, B, x = (t.to(ctype) for t in (Lambda, P, B, x))
-    return Lambda, P, B, _check_dt(dt, Lambda, batch), x, u.to(Lambda.real.dtype)
-
-def _check_real(value, name):
-    "Check that a constructor argument is a real number (Python or NumPy, not `bool`); return it as `float`."
-    if isinstance(value, bool) or not isinstance(value, numbers.Real): raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
-    return float(value)
-
+# %% ../nbs/12_layers.ipynb #d996b344
 def _log_dA(layer):
     "$\\log\\bar A = \\Delta\\lambda$, (H, N/2), complex128 from a diagonal layer's stored $\\log(-\\mathrm{Re}\\,\\lambda)$, $\\mathrm{Im}\\,\\lambda$ and $\\log\\Delta$ (any precision)."
     return torch.exp(layer.log_dt.double())[:, None] * torch.complex(-torch.exp(layer.log_neg_re.double()), layer.im.double())
-
-def _check_dt_range(dt_min, dt_max):
-    "Check the initial step range: $10^{-30} \\le \\Delta_{\\min} \\le \\Delta_{\\max} \\le 10^{30}$, so that float32 holds $\\Delta$, $2/\\Delta$ and $\\Delta\\lambda$ with room to spare."
-    for value, name in ((dt_min, "dt_min"), (dt_max, "dt_max")):
-        if not 1e-30 <= _check_real(value, name) <= 1e30:  # NaN fails too
-            raise ValueError(f"{name} must be positive and finite, between 1e-30 and 1e30 (the layer keeps steps in float32), got {value}")
-    if dt_min > dt_max: raise ValueError(f"need dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
-
-_R_MAX = 1 - 2 ** -24  # the largest float32 below 1: the LRU's largest initial |lambda| (a larger one is stored as 1)
-
-def _check_d_state(d_state, init):
-    "Check the state size: at least 1 for `\"real\"`, an even number of at least 2 for the conjugate-pair inits."
-    check_size(d_state, "d_state", min=1 if init == "real" else 2)
-    if init != "real" and d_state % 2: raise ValueError(f"d_state must be even for init={init!r} (N/2 complex conjugate pairs), got {d_state}")
 
 # %% ../nbs/12_layers.ipynb #171840da
 class S4D(nn.Module):
@@ -355,9 +287,7 @@ class LRU(nn.Module):
         super().__init__()
         H = self.d_model = check_size(d_model, "d_model")
         N = H if d_state is None else check_size(d_state, "d_state")
-        if not 0 <= _check_real(r_min, "r_min") <= _check_real(r_max, "r_max") <= _R_MAX:
-            raise ValueError(f"need 0 <= r_min <= r_max <= 1 - 2**-24 (eigenvalues inside the unit circle, also once rounded to float32), got r_min={r_min}, r_max={r_max}")
-        if not 0 < _check_real(max_phase, "max_phase") <= 2 * math.pi: raise ValueError(f"max_phase must be in (0, 2 pi], got {max_phase}")
+        _check_lru_init(r_min, r_max, max_phase)  # 0 <= r_min <= r_max < 1 in float32, 0 < max_phase <= 2 pi
         u1, u2 = torch.rand(N, dtype=torch.float64), torch.rand(N, dtype=torch.float64)
         r2 = (u1 * (r_max ** 2 - r_min ** 2) + r_min ** 2).clamp(min=torch.finfo(torch.float32).tiny)  # |lambda|^2; a radius 0 becomes 1e-19: nu stays finite
         self.nu_log = nn.Parameter(torch.log(-0.5 * torch.log(r2)).float())
@@ -450,13 +380,6 @@ class Mamba(nn.Module):
         return (torch.zeros(batch, self.d_inner, self.d_conv - 1, dtype=self.in_proj.weight.dtype, device=p.device),
                 torch.zeros(batch, self.d_inner, self.d_state, dtype=self.A().dtype, device=p.device))
 
-    def _check_state(self, state, batch):
-        "The pair (convolution state, SSM state), each of the shape `initial_state(batch)` gives."
-        if not (isinstance(state, (tuple, list)) and len(state) == 2):
-            raise TypeError(f"state must be the pair (conv_state, ssm_state) that initial_state(batch) gives, got {type(state).__name__}")
-        return (_check_state(state[0], (batch, self.d_inner, self.d_conv - 1), "state[0] (the convolution state)", self.D.device),
-                _check_state(state[1], (batch, self.d_inner, self.d_state), "state[1] (the SSM state)", self.D.device))
-
     def _ssm_inputs(self, xc):
         "$\\Delta$ (before its bias), $B$ and $C$ from the convolved branch xc (b, L, d), in float32 (or float64)."
         n = self.d_state
@@ -473,7 +396,7 @@ class Mamba(nn.Module):
         "The whole sequence: projections, causal convolution, selective scan, gate, projection."
         _check_x(x, self.d_model, device=self.D.device)
         b, L = x.shape[:2]
-        conv_state, ssm_state = self._check_state(state, b) if state is not None else (None, None)
+        conv_state, ssm_state = _check_mamba_state(self, state, b) if state is not None else (None, None)
         xi, z = self.in_proj(x.to(self.in_proj.weight.dtype)).chunk(2, -1)
         xi = xi.transpose(1, 2)  # (b, d, L)
         xp = F.pad(xi, (self.d_conv - 1, 0)) if conv_state is None else torch.cat([conv_state.to(xi.dtype), xi], -1)  # causal: the previous d_conv - 1 inputs (or zeros) first
@@ -491,7 +414,7 @@ class Mamba(nn.Module):
             ): # (y_t (batch, H), the new state)
         "One step: the convolution over the stored inputs, one step of the selective recurrence."
         _check_x(x_t, self.d_model, "x_t", ndim=2, device=self.D.device)
-        conv_state, ssm_state = self._check_state(state, x_t.shape[0])
+        conv_state, ssm_state = _check_mamba_state(self, state, x_t.shape[0])
         xi, z = self.in_proj(x_t.to(self.in_proj.weight.dtype)).chunk(2, -1)  # (b, d)
         window = torch.cat([conv_state.to(xi.dtype), xi[..., None]], -1)  # (b, d, d_conv)
         xc = F.silu((window * self.conv.weight[:, 0]).sum(-1) + self.conv.bias)
@@ -547,10 +470,7 @@ class SequenceModel(nn.Module):
                  **layer_kwargs, # passed to the layer
                 ):
         super().__init__()
-        if (vocab_size is None) == (d_input is None): raise ValueError("give exactly one of vocab_size and d_input")
-        cls = LAYERS[check_choice(layer, "layer", set(LAYERS))] if isinstance(layer, str) else layer
-        if not callable(cls): raise TypeError(f"layer must be a name in LAYERS or a class, got {layer!r}")
-        if pool not in ("mean", "last", None): raise ValueError(f"pool must be 'mean', 'last' or None, got {pool!r}")
+        cls = _check_model_args(layer, LAYERS, vocab_size, d_input, pool)  # the layer's class: LAYERS[layer] for a name
         d_output, d_model, n_layers = check_size(d_output, "d_output"), check_size(d_model, "d_model"), check_size(n_layers, "n_layers")
         self.mlp = (not (isinstance(cls, type) and issubclass(cls, Mamba))) if mlp is None else bool(mlp)
         self.vocab_size, self.d_input = (None if vocab_size is None else check_size(vocab_size, "vocab_size")), (None if d_input is None else check_size(d_input, "d_input"))
@@ -565,25 +485,11 @@ class SequenceModel(nn.Module):
         if self.mlps is None: return h + self.drop(y)
         return h + self.drop(F.glu(self.mlps[i](self.drop(F.gelu(y))), -1))
 
-    def _check_input(self, x, name, ndim):
-        "Token ids in [0, vocab_size), or real inputs with d_input features, on the model's device."
-        _check_device(check_tensor(x, name), name, self.head.weight.device)
-        if self.vocab_size is not None:
-            check_tensor(x, name, ndim=ndim - 1)
-            if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
-                raise TypeError(f"{name} must hold integer token ids (this model has vocab_size={self.vocab_size}), got {x.dtype}")
-            if not values_hidden(x) and x.numel() and bool(((x < 0) | (x >= self.vocab_size)).any()):
-                raise ValueError(f"{name} must hold token ids in [0, {self.vocab_size}), got values from {x.min().item()} to {x.max().item()}")
-        else:
-            check_tensor(x, name, ndim=ndim)
-            if not x.is_floating_point(): raise TypeError(f"{name} must be a real floating-point tensor (this model has d_input={self.d_input}), got {x.dtype}")
-            if x.shape[-1] != self.d_input: raise ValueError(f"{name} must have {self.d_input} features in its last dimension, got shape {tuple(x.shape)}")
-
     def forward(self,
                 x:Tensor, # token ids (b, L), or real inputs (b, L, d_input)
                )->Tensor: # (b, d_output) pooled, or (b, L, d_output) with pool=None
         "The whole sequence through every block."
-        self._check_input(x, "x", 3)
+        _check_model_input(self, x, "x", 3)
         h = self.encoder(x)
         for i, (norm, layer) in enumerate(zip(self.norms, self.layers)): h = self._block(i, h, layer(norm(h)))
         h = self.norm(h)
@@ -602,11 +508,7 @@ class SequenceModel(nn.Module):
              states:list, # one state per layer, as `initial_state` gives
             ): # (logits (b, d_output), new states)
         "One step of a per-step model (pool=None)."
-        if self.pool is not None: raise ValueError(f"step needs a per-step model (pool=None), this one has pool={self.pool!r}")
-        if not all(hasattr(layer, "step") for layer in self.layers): raise TypeError(f"{type(self.layers[0]).__name__} has no step(): only recurrent layers can run step by step")
-        self._check_input(x_t, "x_t", 2)
-        if not isinstance(states, (list, tuple)): raise TypeError(f"states must be a list with one state per layer (as initial_state(batch) gives), got {type(states).__name__}")
-        if len(states) != len(self.layers): raise ValueError(f"states must hold one state per layer: got {len(states)}, expected {len(self.layers)} (n_layers)")
+        _check_step_args(self, x_t, states)  # a per-step model of recurrent layers, one state per layer
         h, new = self.encoder(x_t), []
         for i, (norm, layer, s) in enumerate(zip(self.norms, self.layers, states)):
             y, s = layer.step(norm(h), s)
@@ -618,15 +520,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
-from .checks import check_positive, check_size, check_tensor, full_precision
-
-# %% ../nbs/13c_recall.ipynb #4e1b7c3a
-def _check_rope(x, base):
-    "Check `rope`'s inputs: a real floating-point `x` (..., L, d_h) with d_h even, a positive finite `base`."
-    check_tensor(x, "x", min_ndim=2)
-    if not x.is_floating_point(): raise TypeError(f"x must be a real floating-point tensor, got {x.dtype}")
-    if x.shape[-1] % 2: raise ValueError(f"x's last axis is the head dimension d_h, which must be even (rope turns features i and i + d_h/2 together), got d_h = {x.shape[-1]} in shape {tuple(x.shape)}")
-    if not (math.isfinite(_check_real(base, "base")) and base > 0): raise ValueError(f"base must be positive and finite, got {base}")
+from .checks import check_positive, check_size, full_precision
+from ._engine.layers import _check_x, _check_rope, _f32, _no_autocast  # lesson 12's input check, float32 working copy and autocast switch; rope's input check
 
 # %% ../nbs/13c_recall.ipynb #379e86ff
 @full_precision

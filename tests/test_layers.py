@@ -473,3 +473,13 @@ def test_fuzz_lru_radii_are_refused_or_stable():
         y = layer(torch.randn(2, 9, 3))
         y.square().sum().backward()
         assert torch.isfinite(y).all() and all(torch.isfinite(p.grad).all() for p in layer.parameters()), (r_min, r_max)
+
+
+def test_engine_does_not_import_the_public_module():
+    "ssm_course._engine.layers (the layers' checks and precision helpers, nbs/engine/layers.ipynb) is imported by ssm_course.layers, so it must "
+    "not import ssm_course.layers itself (a circular import); and the layers' helpers are the engine's objects, not copies."
+    import subprocess, sys
+    code = ("import sys, ssm_course._engine.layers as E\nassert 'ssm_course.layers' not in sys.modules, 'the engine imported the public module'\n"
+            "import ssm_course.layers as L\nassert all(getattr(L, n) is getattr(E, n) for n in ('_check_x', '_check_state', '_f32', '_c', '_cparam', '_no_autocast', '_check_dplr_step'))\n"
+            "assert L._check_rope is E._check_rope\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
