@@ -11,19 +11,13 @@ __all__ = ['MEASURES', 'hippo', 'hippo_basis', 'hippo_project', 'hippo_reconstru
 import math
 import torch
 from torch import Tensor
-from .checks import broadcast_shapes, check_tensor, check_choice, check_size, check_positive, float_dtype, compute_dtype, real_dtype, full_precision
-from .discretize import discretize, _check_dt
+from .checks import broadcast_shapes, check_tensor, float_dtype, compute_dtype, real_dtype, full_precision
+from .discretize import discretize
+from ._engine.discretize import _check_dt
+from ._engine.hippo import _check_measure, _check_dtype, _check_ages, _check_samples
 
 # %% ../nbs/03_hippo.ipynb #d0a4e359
 MEASURES = ("legs", "legt", "lagt", "fout")
-
-def _check_measure(
-    measure, # the `measure` argument
-    N, # the size argument
-)->int:
-    "Check `measure` and the size `N`; return `N` as an int."
-    check_choice(measure, "measure", set(MEASURES))
-    return check_size(N, "N")
 
 def _fourier_ends(
     N:int, # number of basis functions
@@ -40,9 +34,8 @@ def hippo(
     dtype:torch.dtype=torch.float64, # a floating or complex dtype for the result (built in float64, then cast)
 )->tuple[Tensor, Tensor]: # (A (N, N), B (N,)) with $c' = Ac + Bu$ (times $1/t$ for "legs")
     "The HiPPO matrices of `measure`; windows (LegT, FouT) have length 1."
-    N = _check_measure(measure, N)
-    if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or dtype.is_complex):
-        raise TypeError(f"dtype must be a floating or complex torch.dtype, got {dtype!r}")
+    N = _check_measure(measure, N, MEASURES)
+    _check_dtype(dtype)
     n = torch.arange(N, dtype=torch.float64)
     r = torch.sqrt(2 * n + 1)
     below = n[:, None] > n[None, :]  # n > k
@@ -71,9 +64,8 @@ def hippo_basis(
     x:Tensor, # real normalized ages: $(t - s)/\theta$ for legt/fout, $(t - s)/t$ for legs, $t - s$ for lagt
 )->Tensor: # $g_n(x)$: shape (N,) followed by `x`'s shape
     "The orthonormal basis of `measure` at normalized ages `x`; the history is $u(t - \\text{age}) \\approx \\sum_n c_n g_n(x)$."
-    N = _check_measure(measure, N)
-    x = check_tensor(x, "x")
-    if x.is_complex(): raise TypeError(f"x must be real ages, got dtype {x.dtype}")
+    N = _check_measure(measure, N, MEASURES)
+    x = _check_ages(x)
     out = float_dtype(x)
     x = x.to(compute_dtype(x))  # integers become float; half precision is computed in float32
     basis = []
@@ -103,9 +95,8 @@ def hippo_project(
     dt:float|Tensor=1.0, # sample spacing in units of the memory's timescale (the window for legt/fout), > 0: a number, or a tensor whose shape broadcasts with `u`'s batch dims (a step per sequence); checked but unused by legs
 )->Tensor: # coefficients after each sample, (..., N, L): the batch dims of `u` and `dt` broadcast
     "Run the HiPPO recurrence (bilinear steps, trapezoidal input) over `u`: the online projection of its history. Computed in `u`'s precision (half in float32), whatever the caller's autocast."
-    N = _check_measure(measure, N)
-    u = check_tensor(u, "u", min_ndim=1)
-    if u.shape[-1] == 0: raise ValueError(f"u must have at least one sample, got shape {tuple(u.shape)}")
+    N = _check_measure(measure, N, MEASURES)
+    u = _check_samples(u)
     out, cd = float_dtype(u), compute_dtype(u)
     u = u.to(cd)  # integers become float; half precision is computed in float32
     dt = _check_dt(dt, u, u.shape[:-1])  # real, positive, finite, on u's device; its shape broadcasts with u's batch
@@ -162,7 +153,7 @@ def dplr(
     N:int, # state size
 )->tuple[Tensor, Tensor, Tensor, Tensor]: # (Lambda (N,), P (r, N), B (N,), V (N, N)), complex128; r = 2 for "legt", else 1
     "HiPPO's $A$ as $V(\\mathrm{diag}\\,\\Lambda - P^\\top\\bar P)V^H$ with $V$ unitary; the $r$ rows of $P$ and $B$ are returned in the diagonal basis."
-    N = _check_measure(measure, N)
+    N = _check_measure(measure, N, MEASURES)
     A, B = hippo(measure, N)
     p = _low_rank(measure, N)  # (r, N)
     AN = A + p.T @ p  # normal: c I + S, S skew-symmetric
