@@ -3,7 +3,7 @@ import numpy as np, pytest, torch
 from hypothesis import given, settings, strategies as st
 from scipy.signal import lfilter
 import ssm_course.scan as scan_module
-from ssm_course.scan import scan, scan_chunked, scan_parallel, scan_sequential
+from ssm_course.scan import scan, scan_backward_ref, scan_chunked, scan_parallel, scan_sequential
 
 floats = st.floats(-2, 2, allow_nan=False, allow_infinity=False)
 
@@ -413,3 +413,31 @@ def test_torch_func_transforms(name, kind):
     got, ref = (got, ref) if isinstance(got, tuple) else ((got,), (ref,))
     assert len(got) == len(ref)
     for x, y in zip(got, ref): torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
+
+
+# ---- issue 26: the lesson's reverse scan, and the engine module ---------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(L=st.integers(1, 60), seed=st.integers(0, 10_000), complex_=st.booleans(), with_h0=st.booleans(), lti=st.booleans())
+def test_scan_backward_ref_is_the_gradient(L, seed, complex_, with_h0, lti):
+    "Lesson 07's scan_backward_ref (one reverse scan) equals autograd through the float64 loop, real and complex, with and without h0, for a time-invariant decay summed back to its shape; and scan's backward equals it."
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.complex128 if complex_ else torch.float64
+    a = torch.randn(2, 3, 1 if lti else L, generator=g, dtype=dt) * 0.6
+    b, gh = torch.randn(2, 3, L, generator=g, dtype=dt), torch.randn(2, 3, L, generator=g, dtype=dt)
+    h0 = torch.randn(2, 3, generator=g, dtype=dt) if with_h0 else None
+    xs = [x.clone().requires_grad_() for x in (a, b, h0) if x is not None]
+    auto = torch.autograd.grad(scan_sequential(*xs), xs, gh)
+    ref = [r for r in scan_backward_ref(a, h0, scan_sequential(a, b, h0), gh) if r is not None]
+    assert (ref[2] is not None) if with_h0 else len(ref) == 2
+    ref[0] = ref[0].sum_to_size(a.shape)  # a broadcast decay: its gradient summed over the broadcast axes
+    for r, x in zip(ref, auto): torch.testing.assert_close(r, x, rtol=1e-12, atol=1e-12)
+    xs = [x.clone().requires_grad_() for x in (a, b, h0) if x is not None]
+    for o, r in zip(torch.autograd.grad(scan(*xs), xs, gh), ref): torch.testing.assert_close(o, r, rtol=1e-10, atol=1e-10)
+
+
+def test_engine_does_not_import_the_public_module():
+    "ssm_course._engine.scan (the fast paths, nbs/engine/scan.ipynb) is imported by ssm_course.scan, so it must not import ssm_course.scan itself at import time; the switch _loop and the paths scan uses are the engine's objects."
+    import subprocess, sys
+    code = ("import sys, ssm_course._engine.scan as E\nassert 'ssm_course.scan' not in sys.modules, 'the engine imported the public module'\n"
+            "import ssm_course.scan as S\nassert all(getattr(S, n) is getattr(E, n) for n in ('_check_scan', '_dtype', '_loop', '_scan_loop', '_scan_cpu', '_scan_lti', '_scan_traced', '_empty'))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)

@@ -1,7 +1,7 @@
-"""notebook 07's compiled CPU loop (numba, optional): it is the reference loop, every CPU input takes it, and PyTorch's path still runs without it."""
+"""The compiled CPU loop of nbs/engine/scan.ipynb (numba, optional): it is lesson 07's reference loop, every CPU input takes it, and PyTorch's path still runs without it."""
 import itertools, pytest, torch
 import ssm_course.scan as S
-from ssm_course.scan import scan, scan_sequential
+from ssm_course.scan import scan, scan_sequential, scan_backward_ref
 
 pytestmark = pytest.mark.skipif(S._loop is None, reason="numba is not installed (pip install 'ssm_course[fast]')")
 
@@ -20,7 +20,7 @@ def test_loop_is_the_reference_loop(dtype):
             b = torch.randn(*shp_b, L, generator=g, dtype=torch.float64).to(dtype)
             shape = torch.broadcast_shapes(a.shape, b.shape)
             h0 = torch.randn(shape[:-1], generator=g, dtype=torch.float64).to(dtype) if with_h0 else None
-            got = S._scan_loop(a, b, h0, shape, dtype, reverse)
+            got = S._scan_loop(S._loop, a, b, h0, shape, dtype, reverse)
             ref = _ref(a, b, h0, reverse)
             if dtype.is_complex:
                 err = ((got - ref).abs().max() / ref.abs().max()).item()
@@ -83,9 +83,22 @@ def test_threads_split_the_rows_without_changing_the_result(monkeypatch):
     try:
         torch.set_num_threads(1); one = scan(a, b, h0)
         torch.set_num_threads(3); three = scan(a, b, h0)
-        torch.set_num_threads(3); rev = S._scan_loop(a, b, None, (3, 67, 2 ** 14), torch.float32, reverse=True)
-        torch.set_num_threads(1); rev1 = S._scan_loop(a, b, None, (3, 67, 2 ** 14), torch.float32, reverse=True)
+        torch.set_num_threads(3); rev = S._scan_loop(S._loop, a, b, None, (3, 67, 2 ** 14), torch.float32, reverse=True)
+        torch.set_num_threads(1); rev1 = S._scan_loop(S._loop, a, b, None, (3, 67, 2 ** 14), torch.float32, reverse=True)
     finally: torch.set_num_threads(threads)
     assert torch.equal(one, three) and torch.equal(rev, rev1)
     assert sorted(calls) == [67] * 6 + [201, 201]  # one call on one thread, three calls of 67 rows on three
     assert torch.equal(three[1, 5], scan_sequential(a[1, 5], b[5], h0[1, 5]))
+
+def test_backward_is_the_lessons_reverse_scan_bit_for_bit():
+    "On the loop, scan's backward (real inputs of full shape) is lesson 07's scan_backward_ref bit for bit: the same reverse loop, the same products."
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.float64):
+        for L, with_h0 in itertools.product([1, 2, 37, 300], [False, True]):
+            a, b = (0.95 * torch.randn(2, 3, L, generator=g, dtype=torch.float64)).to(dtype), torch.randn(2, 3, L, generator=g, dtype=torch.float64).to(dtype)
+            h0 = torch.randn(2, 3, generator=g, dtype=torch.float64).to(dtype) if with_h0 else None
+            gh = torch.randn(2, 3, L, generator=g, dtype=torch.float64).to(dtype)
+            xs = [x.clone().requires_grad_() for x in (a, b, h0) if x is not None]
+            ours = torch.autograd.grad(scan(*xs), xs, gh)
+            ref = [r for r in scan_backward_ref(a, h0, scan_sequential(a, b, h0), gh) if r is not None]
+            assert all(o.dtype == r.dtype and torch.equal(o, r) for o, r in zip(ours, ref)), (dtype, L, with_h0)
