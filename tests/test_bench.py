@@ -97,3 +97,32 @@ def test_run_and_measure_refuse_zero_rounds_and_threads():
         with pytest.raises(ValueError, match=msg): measure({"a": lambda: None}, **kw)
         with pytest.raises(ValueError, match=msg): run(quick=True, cases=[toy], progress=False, **kw)
     with pytest.raises(TypeError, match="rounds must be an integer"): measure({"a": lambda: None}, rounds=2.0)
+
+
+@pytest.mark.parametrize("op", ["scan", "causal_conv"])
+def test_accelerators_off_reaches_the_path_the_op_takes(op, monkeypatch):
+    "The rows 'no numba' / 'no ducc0' time our op as a user without the optional package: with the package's entry point made to raise, "
+    "our call raises (it goes through the accelerator) and the switched-off call does not, agreeing with a float64 reference. Guards the "
+    "switch against the entry point moving to another module (it would then silently time the accelerated path twice)."
+    from ssm_course.bench import _ACCELERATORS, _accelerators_off, rel_diff
+    from ssm_course._engine.bench import _holders
+    from ssm_course.scan import scan, scan_sequential
+    from ssm_course.conv import causal_conv
+    g = torch.Generator().manual_seed(0)
+    if op == "scan":
+        a, b = 0.9 + 0.1 * torch.rand(2, 8, 256, generator=g), torch.randn(2, 8, 256, generator=g)
+        f, ref = (lambda: scan(a, b)), scan_sequential(a.double(), b.double())
+    else:
+        u, K = torch.randn(4, 64, 1024, generator=g), torch.randn(64, 1024, generator=g) / 32  # 2**18 samples: the CPU path
+        f, ref = (lambda: causal_conv(u, K)), torch.fft.irfft(torch.fft.rfft(u.double(), n=2048) * torch.fft.rfft(K.double(), n=2048), n=2048)[..., :1024]
+    name, attr, modules = _ACCELERATORS[op]
+    mods = _holders(attr, *modules)
+    if all(getattr(m, attr) is None for m in mods): pytest.skip(f"{attr}'s package is not installed")
+    off = _accelerators_off(op, f)[name]
+    class Used(Exception): pass
+    class Raising:
+        def __call__(self, *a, **k): raise Used()
+        def __getattr__(self, k): raise Used()
+    for m in mods: monkeypatch.setattr(m, attr, Raising())
+    with pytest.raises(Used): f()
+    assert rel_diff(off(), ref) < 5e-7
