@@ -3,6 +3,7 @@ import contextlib, math, numpy as np, pytest, torch
 from hypothesis import given, settings, strategies as st
 from scipy.signal import lfilter
 from ssm_course import conv
+from ssm_course._engine import conv as engine  # causal_conv's paths (nbs/engine/conv.ipynb)
 from ssm_course.conv import causal_conv, ssm_kernel, krylov, ssm_kernel_diag, ssm_kernel_dplr, ssm_recurrence, dss_kernel, next_fast_len, cauchy
 from ssm_course.discretize import discretize, discretize_diag
 from ssm_course.hippo import dplr, hippo
@@ -112,20 +113,20 @@ FFTS = ["ducc0", "torch.fft"]
 
 @contextlib.contextmanager
 def fft_backend(name):
-    "The CPU path's transforms: ducc0's (skipped where it is not installed) or torch.fft's (`conv.ducc0 = None`, as without it)."
-    saved = conv.ducc0, conv._CPU_MIN_L, conv._CPU_MIN_SIZE
+    "The CPU path's transforms: ducc0's (skipped where it is not installed) or torch.fft's (`ssm_course._engine.conv.ducc0 = None`, as without it)."
+    saved = engine.ducc0, engine._CPU_MIN_L, engine._CPU_MIN_SIZE
     if name == "ducc0" and saved[0] is None: pytest.skip("ducc0 is not installed (pip install 'ssm_course[fast]')")
-    if name == "torch.fft": conv.ducc0 = None
-    conv._CPU_MIN_L = conv._CPU_MIN_SIZE = 0  # the CPU path also for the small shapes of these tests
+    if name == "torch.fft": engine.ducc0 = None
+    engine._CPU_MIN_L = engine._CPU_MIN_SIZE = 0  # the CPU path also for the small shapes of these tests
     try: yield
-    finally: conv.ducc0, conv._CPU_MIN_L, conv._CPU_MIN_SIZE = saved
+    finally: engine.ducc0, engine._CPU_MIN_L, engine._CPU_MIN_SIZE = saved
 
 
 def use_fft(name, monkeypatch):
     "`fft_backend` for the rest of a test (monkeypatch undoes it)."
-    if name == "ducc0" and conv.ducc0 is None: pytest.skip("ducc0 is not installed (pip install 'ssm_course[fast]')")
-    if name == "torch.fft": monkeypatch.setattr(conv, "ducc0", None)
-    monkeypatch.setattr(conv, "_CPU_MIN_L", 0); monkeypatch.setattr(conv, "_CPU_MIN_SIZE", 0)  # the CPU path also for small shapes
+    if name == "ducc0" and engine.ducc0 is None: pytest.skip("ducc0 is not installed (pip install 'ssm_course[fast]')")
+    if name == "torch.fft": monkeypatch.setattr(engine, "ducc0", None)
+    monkeypatch.setattr(engine, "_CPU_MIN_L", 0); monkeypatch.setattr(engine, "_CPU_MIN_SIZE", 0)  # the CPU path also for small shapes
 
 
 @settings(max_examples=25, deadline=None)
@@ -135,7 +136,7 @@ def test_causal_conv_matches_lfilter(L, LK, seed):
     rng = np.random.default_rng(seed)
     u, K = rng.standard_normal((2, L)), rng.standard_normal(LK)
     ref = lfilter(K, [1.0], u, axis=-1)
-    for fft in FFTS[int(conv.ducc0 is None):]:
+    for fft in FFTS[int(engine.ducc0 is None):]:
         with fft_backend(fft): y = causal_conv(torch.from_numpy(u), torch.from_numpy(K)).numpy()
         np.testing.assert_allclose(y, ref, atol=1e-10 * (1 + np.abs(K).sum()))
 
@@ -157,8 +158,8 @@ def test_causal_conv_paths_and_grad(ushape, kshape, fft):
         args = (u[..., :9].clone().requires_grad_(), K[..., :9].clone().requires_grad_())
         assert torch.autograd.gradcheck(causal_conv, args)
     if fft == "ducc0": return  # the torch path does not depend on it
-    torch.testing.assert_close(conv._causal_torch(u, K[..., :u.shape[-1]]), ref, rtol=1e-12, atol=1e-12)
-    assert torch.autograd.gradcheck(conv._causal_torch, args)
+    torch.testing.assert_close(engine._causal_torch(u, K[..., :u.shape[-1]]), ref, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(engine._causal_torch, args)
 
 
 @pytest.mark.parametrize("fft", FFTS)
@@ -169,7 +170,7 @@ def test_causal_conv_many_rows(fft):
     K = torch.randn(7, 100, generator=g, dtype=torch.float64, requires_grad=True)
     gy = torch.randn(3, 7, 100, generator=g, dtype=torch.float64)
     with fft_backend(fft): y1 = causal_conv(u, K); g1 = torch.autograd.grad(y1, (u, K), gy)
-    y2 = conv._causal_torch(u, K); g2 = torch.autograd.grad(y2, (u, K), gy)
+    y2 = engine._causal_torch(u, K); g2 = torch.autograd.grad(y2, (u, K), gy)
     torch.testing.assert_close(y1, y2, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(y1, direct_sum(u, K), rtol=1e-12, atol=1e-12)  # and the definition, term by term
     for a, b in zip(g1, g2): torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
@@ -180,7 +181,7 @@ def test_causal_conv_many_rows(fft):
 def test_causal_conv_is_causal(path, dtype, monkeypatch):
     "Issue 13 item 7: a NaN, an inf or a huge value at t0 leaves y[:t0] as the prefix alone gives it; NaN from t0 on."
     if path != "torch": use_fft(path, monkeypatch)
-    f = conv._causal_torch if path == "torch" else causal_conv
+    f = engine._causal_torch if path == "torch" else causal_conv
     g = torch.Generator().manual_seed(2)
     u, K = torch.randn(2, 3, 300, generator=g, dtype=dtype), torch.randn(3, 300, generator=g, dtype=dtype) / 10
     tol = 1e-5 if dtype in (torch.float32, torch.complex64) else 1e-12
@@ -218,7 +219,7 @@ def test_causal_conv_growing_input(fft, monkeypatch):
     K = torch.randn(L, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     for u in (t, torch.exp(t / 10), torch.cat([torch.zeros(50, dtype=torch.float64), torch.ones(150, dtype=torch.float64)])):
         ref = direct_sum(u, K)
-        for f in (causal_conv, conv._causal_torch):
+        for f in (causal_conv, engine._causal_torch):
             torch.testing.assert_close(f(u, K), ref, rtol=1e-10, atol=1e-10 * ref.abs().max().item())
         y = causal_conv(u.float(), K.float())  # float32: each output within float32 rounding of its own inputs' size
         scale = torch.stack([(K[:s + 1].abs() * u[:s + 1].flip(0).abs()).sum() for s in range(L)])
@@ -231,7 +232,7 @@ def test_causal_conv_nonfinite_kernel(fft, monkeypatch):
     use_fft(fft, monkeypatch)
     u = torch.randn(2, 3, 60, dtype=torch.float64)
     K = torch.randn(3, 60, dtype=torch.float64); K[1, 20] = math.inf
-    for f in (causal_conv, conv._causal_torch):
+    for f in (causal_conv, engine._causal_torch):
         y = f(u, K)
         assert torch.isnan(y[:, 1, 20:]).all() and torch.isfinite(y[:, 1, :20]).all() and torch.isfinite(y[:, [0, 2]]).all()
         torch.testing.assert_close(y[:, 1, :20], direct_sum(u[:, 1, :20], K[1, :20]))
@@ -240,10 +241,10 @@ def test_causal_conv_nonfinite_kernel(fft, monkeypatch):
 def count_passes(monkeypatch):
     "Wrap both paths' per-pass functions (FFT passes, and the direct sums that end the loop); the returned list collects the length of every pass."
     calls = []
-    np_pass, np_direct, scaled_conv = conv._np_pass, conv._np_direct, conv._scaled_conv
-    monkeypatch.setattr(conv, "_np_pass", lambda A, *a: (calls.append(A.shape[-1]), np_pass(A, *a))[1])
-    monkeypatch.setattr(conv, "_np_direct", lambda A, *a: (calls.append(A.shape[-1]), np_direct(A, *a))[1])
-    monkeypatch.setattr(conv, "_scaled_conv", lambda u, *a: (calls.append(u.shape[-1]), scaled_conv(u, *a))[1])
+    np_pass, np_direct, scaled_conv = engine._np_pass, engine._np_direct, engine._scaled_conv
+    monkeypatch.setattr(engine, "_np_pass", lambda A, *a: (calls.append(A.shape[-1]), np_pass(A, *a))[1])
+    monkeypatch.setattr(engine, "_np_direct", lambda A, *a: (calls.append(A.shape[-1]), np_direct(A, *a))[1])
+    monkeypatch.setattr(engine, "_scaled_conv", lambda u, *a: (calls.append(u.shape[-1]), scaled_conv(u, *a))[1])
     return calls
 
 
@@ -262,7 +263,7 @@ def test_causal_conv_passes_are_bounded(path, case, monkeypatch):
     ref = np.stack([np.convolve(r, Kn)[:L] for r in un]); scale = np.stack([np.convolve(np.abs(r), np.abs(Kn))[:L] for r in un])
     if path != "torch": use_fft(path, monkeypatch)
     calls = count_passes(monkeypatch)
-    y = conv._causal_torch(u, K) if path == "torch" else causal_conv(u, K)
+    y = engine._causal_torch(u, K) if path == "torch" else causal_conv(u, K)
     a = u.abs().double()
     bound = 1 + math.ceil((math.log2(a.max()) - math.log2(a[a > 0].min())) / 4)
     assert len(calls) <= bound, (len(calls), bound)
@@ -282,7 +283,7 @@ def test_causal_conv_near_overflow(path, dtype, monkeypatch):
     for su, sK in [(1e35, 1.0), (1.0, 1e35), (1e18, 1e18)] if dtype == torch.float32 else [(1e306, 1.0), (1.0, 1e306), (1e160, 1e146)]:
         assert not torch.isfinite(conv.fft_conv(u * su, K * sK)).all()
         if path != "torch": use_fft(path, monkeypatch)
-        y = conv._causal_torch(u * su, K * sK) if path == "torch" else causal_conv(u * su, K * sK)
+        y = engine._causal_torch(u * su, K * sK) if path == "torch" else causal_conv(u * su, K * sK)
         assert torch.isfinite(y).all()
         assert ((y / su / sK - clean).abs().max() / clean.abs().max()).item() < (1e-6 if dtype == torch.float32 else 1e-14)
 
@@ -555,8 +556,8 @@ def test_cpu_path_double_backward(fft, monkeypatch):
     g = torch.Generator().manual_seed(7)
     u = torch.randn(2, 3, 9, generator=g, dtype=torch.float64, requires_grad=True)
     K = torch.randn(3, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    calls, np_causal = [], conv._np_causal
-    monkeypatch.setattr(conv, "_np_causal", lambda *a: (calls.append(1), np_causal(*a))[1])
+    calls, np_causal = [], engine._np_causal
+    monkeypatch.setattr(engine, "_np_causal", lambda *a: (calls.append(1), np_causal(*a))[1])
     assert torch.autograd.gradgradcheck(causal_conv, (u, K))
     assert calls  # the CPU path ran
 
@@ -579,7 +580,7 @@ def test_causal_conv_late_tap_and_growing_kernel(path, dtype, monkeypatch):
     the kernel 1.05^l (|dA| = 1.05, L = 1000) gave y[0] = -1.9e6 for K_0 u_0 = -2.31. Each output is now within
     rounding of its own prefixes, and step 2's passes stay within 1 + ceil(log16 of the range of max|u_<=t| max|K_<=t|)."""
     if path != "torch": use_fft(path, monkeypatch)
-    f = conv._causal_torch if path == "torch" else causal_conv
+    f = engine._causal_torch if path == "torch" else causal_conv
     K = torch.zeros(8, dtype=dtype); K[0], K[-1] = 1, 1e20
     y = f(torch.ones(8, dtype=dtype), K)
     eps = torch.finfo(dtype).eps
@@ -620,7 +621,7 @@ def test_causal_conv_prefix_property(L, t0, seed, where, bad, dtype, gu, gk, pat
         if bad == "tail": x[..., t0:] *= 1e15 if dtype != torch.float64 else 1e150  # everything from t0 on
         else: x[..., t1] = bad
     with fft_backend("torch.fft") if path == "cpu" else contextlib.nullcontext():
-        y = causal_conv(ub, Kb) if path == "cpu" else conv._causal_torch(ub, Kb)
+        y = causal_conv(ub, Kb) if path == "cpu" else engine._causal_torch(ub, Kb)
     y = y[..., :t0].to(torch.complex128 if dtype.is_complex else torch.float64).numpy()
     assert np.isfinite(y).all()
     err = np.abs(y - ref)
