@@ -1,4 +1,4 @@
-r"""Let $\Delta$, $B$ and $C$ depend on the input and the SSM can choose what to remember — at the price of the convolution view. Mamba's selective scan with its exact semantics, an initial state in and the last state out, a fast chunked path that stores only chunk-boundary states, and the selective-copying task, on which a time-invariant model of the same size falls far behind.
+r"""Let $\Delta$, $B$ and $C$ depend on the input and the SSM can choose what to remember — at the price of the convolution view. Mamba's selective scan with its exact semantics, an initial state in and the last state out, a chunked forward and backward that keep only the states at chunk boundaries, and the selective-copying task, on which a time-invariant model of the same size falls far behind.
 
 Docs: https://ssm-course.github.io/ssm_course/selective.html.md"""
 
@@ -12,55 +12,17 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from .checks import check_tensor, check_size, resolve_backend, full_precision
+from .checks import full_precision
 from .scan import scan
+from ._engine.selective import _check_ref
 
-# %% ../nbs/08_selective.ipynb #2062df00
-def _unpack_complex(X, A, l, name):
-    "Mamba packs a complex variable B/C as a real tensor with last axis 2l of (re, im) pairs."
-    if A.is_complex() and X.dim() >= 3 and not X.is_complex():
-        if X.shape[-1] != 2 * l: raise ValueError(f"{name} must have a last axis of 2*l = {2 * l} (real, imaginary pairs) with complex A, got shape {tuple(X.shape)}")
-        X = X if X.dtype in (torch.float32, torch.float64) else X.float()
-        return torch.view_as_complex(X.unflatten(-1, (l, 2)).contiguous())
-    return X
-
-def _same_device(ref:str, **tensors):
-    "Check that every tensor given is on the device of `tensors[ref]`: one clear error naming the argument, before any operation sees the mix."
-    dev = tensors[ref].device
-    for name, t in tensors.items():
-        if isinstance(t, Tensor) and t.device != dev:
-            raise ValueError(f"{name} is on device {t.device} but {ref} is on {dev}: all tensors of one call must be on one device (move {name} with .to({str(dev)!r}))")
-
-def _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state):
-    "Validate Mamba's layouts; return (b, d, l, n, unpacked B, unpacked C)."
-    u, delta = check_tensor(u, "u", ndim=3), check_tensor(delta, "delta", ndim=3)
-    _same_device("u", u=u, delta=delta, A=A, B=B, C=C, D=D, z=z, delta_bias=delta_bias, initial_state=initial_state)
-    b, d, l = u.shape
-    if l == 0: raise ValueError(f"u is an empty sequence: shape {tuple(u.shape)}")
-    if delta.shape != u.shape: raise ValueError(f"delta must have the shape of u {tuple(u.shape)}, got {tuple(delta.shape)}")
-    A = check_tensor(A, "A", ndim=2)
-    if A.shape[0] != d: raise ValueError(f"A must have shape (d, n) with d={d}, got {tuple(A.shape)}")
-    n = A.shape[1]
-    B, C = _unpack_complex(check_tensor(B, "B"), A, l, "B"), _unpack_complex(check_tensor(C, "C"), A, l, "C")
-    for X, name in [(B, "B"), (C, "C")]:
-        ok = {2: X.shape == (d, n), 3: X.shape == (b, n, l), 4: X.dim() == 4 and X.shape[0] == b and X.shape[2:] == (n, l) and X.shape[1] > 0 and d % X.shape[1] == 0}.get(X.dim(), False)
-        if not ok: raise ValueError(f"{name} must have shape (d, n)=({d}, {n}), (b, n, l)=({b}, {n}, {l}) or (b, g, n, l) with g dividing d={d}; got {tuple(X.shape)}")
-    for X, name, shape in [(D, "D", (d,)), (delta_bias, "delta_bias", (d,)), (z, "z", (b, d, l)), (initial_state, "initial_state", (b, d, n))]:
-        if X is not None and tuple(check_tensor(X, name).shape) != shape: raise ValueError(f"{name} must have shape {shape}, got {tuple(X.shape)}")
-    for X, name in [(u, "u"), (delta, "delta"), (D, "D"), (z, "z"), (delta_bias, "delta_bias")]:
-        if X is not None and (X.is_complex() or X.dtype == torch.bool): raise TypeError(f"{name} must be a real floating-point tensor, got dtype {X.dtype}")
-    if not A.is_complex():
-        for X, name in [(B, "B"), (C, "C"), (initial_state, "initial_state")]:
-            if X is not None and X.is_complex():
-                raise ValueError(f"{name} is complex but A is real: a complex {name} needs a complex A (the state is complex only when A is); got A {A.dtype}, {name} {X.dtype}")
-    return b, d, l, n, B, C
-
+# %% ../nbs/08_selective.ipynb #s08c0002
 def _work_dtype(u):
     "Mamba computes in float32 (float64 for float64 input: our extension)."
     return torch.float64 if u.dtype == torch.float64 else torch.float32
 
 def _out_dtype(u):
-    "The output's dtype: `u`'s, with an integer `u` promoted to the default float dtype (as `float_dtype` does)."
+    "The output's dtype: `u`'s, with an integer `u` promoted to the default float dtype."
     return u.dtype if u.is_floating_point() else torch.get_default_dtype()
 
 # %% ../nbs/08_selective.ipynb #c3d4e5f6
@@ -80,8 +42,7 @@ def selective_scan_ref(
     backend:str="auto", # accepted for symmetry with `selective_scan`; the reference always runs in PyTorch
 ): # y (b, d, l) in u's dtype, or (y, last state)
     "Mamba's selective scan as a readable loop over time: the oracle for the fast path and the kernels; in float32 (float64 for float64 `u`) whatever the caller's autocast."
-    b, d, l, n, B, C = _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state)
-    resolve_backend(backend, u, has_triton=False, name="selective_scan_ref")
+    b, d, l, n, B, C = _check_ref("selective_scan_ref", backend, u, delta, A, B, C, D, z, delta_bias, initial_state)
     dtype_in, work = _out_dtype(u), _work_dtype(u)
     u, delta = u.to(work), delta.to(work)
     if delta_bias is not None: delta = delta + delta_bias.to(work)[:, None]
@@ -124,110 +85,50 @@ def _chunk(u, delta, A, B, C, x0):
     else: y = torch.einsum("bgknt,bgnt->bgkt", x.unflatten(1, (C.shape[1], -1)), C).flatten(1, 2)
     return y, x[..., -1].clone()  # a copy: a view would keep the whole chunk of states alive
 
-# %% ../nbs/08_selective.ipynb #6fe85b35
-class _ScanTM(torch.autograd.Function):
-    "$x_t = a_t x_{t-1} + b_t$ along dim 0 of time-major (T, ...) tensors: a loop of T vector steps, and the reverse loop as its backward."
-    @staticmethod
-    def forward(ctx, a, b, x0):
-        x = b.clone()
-        if x0 is not None: x[0].addcmul_(a[0], x0)
-        for t in range(1, x.shape[0]): x[t].addcmul_(a[t], x[t - 1])
-        ctx.save_for_backward(a, x0, x)
-        return x
-
-    @staticmethod
-    def backward(ctx, gx):  # notebook 07's gradient: total gradients g by the reverse scan, then da = g conj(x_{t-1}), db = g
-        a, x0, x = ctx.saved_tensors
-        g = gx.clone()
-        for t in range(g.shape[0] - 2, -1, -1): g[t].addcmul_(a[t + 1].conj(), g[t + 1])
-        prev = torch.cat([(torch.zeros_like(x[:1]) if x0 is None else x0[None]), x[:-1]])
-        return g * prev.conj(), g, (None if x0 is None else a[0].conj() * g[0])
-
-def _scan_steps(a, b, x0):
-    "The recurrence of `_ScanTM` as out-of-place steps: slower, but differentiable to any order (the double backward's recomputation)."
-    xs, x = [], x0
-    for t in range(a.shape[0]):
-        x = b[t] if x is None else torch.addcmul(b[t], a[t], x)
-        xs.append(x)
-    return torch.stack(xs)
-
-def _chunk_tm(u, delta, A, B, C, x0, scan_tm=_ScanTM.apply):
-    "`_chunk` computed time-major: decays and inputs as (T, b, d, n) tensors, so that every step of the scan is one contiguous vector."
-    dT = delta.permute(2, 0, 1)[..., None]  # (T, b, d, 1)
-    a = torch.exp(dT * A)  # (T, b, d, n)
-    du = dT * u.permute(2, 0, 1)[..., None]
-    if B.dim() == 2: bb = du * B
-    elif B.dim() == 3: bb = du * B.permute(2, 0, 1)[:, :, None, :]
-    else: bb = (du.unflatten(2, (B.shape[1], -1)) * B.permute(3, 0, 1, 2)[:, :, :, None, :]).flatten(2, 3)
-    x = scan_tm(a, bb, x0)  # (T, b, d, n)
-    if C.dim() == 2: y = torch.einsum("tbdn,dn->bdt", x, C)
-    elif C.dim() == 3: y = torch.einsum("tbdn,bnt->bdt", x, C)
-    else: y = torch.einsum("tbgkn,bgnt->bgkt", x.unflatten(2, (C.shape[1], -1)), C).flatten(1, 2)
-    return y, x[-1].clone()
-
-def _selective_forward(u, delta, A, B, C, x0, T):
-    "The forward without autograd: each chunk's decays and inputs computed straight into a reused time-major (T, b, d, n) workspace."
-    b, d, l = u.shape
-    n = A.shape[1]
-    T = min(T, l)
-    wa = torch.empty(T, b, d, n, dtype=A.dtype, device=u.device); wx = torch.empty_like(wa)
-    y = torch.empty(b, d, l, dtype=torch.promote_types(A.dtype, C.dtype), device=u.device)
-    x = torch.zeros(b, d, n, dtype=A.dtype, device=u.device) if x0 is None else x0
-    starts, du = [x0], delta * u
+# %% ../nbs/08_selective.ipynb #a0b1c2d3
+def _forward_chunks(u, delta, A, B, C, x0, T):
+    "The chunk loop: (y, last state, the states entering each chunk)."
+    l, xs, ys = u.shape[-1], [x0], []
     for s in range(0, l, T):
-        k = min(T, l - s)
-        Wa, Wx = wa[:k], wx[:k]
-        torch.mul(delta[..., s:s + k].permute(2, 0, 1)[..., None], A, out=Wa).exp_()  # a_t = exp(delta_t A), (k, b, d, n)
-        dut = du[..., s:s + k].permute(2, 0, 1)[..., None]  # (k, b, d, 1)
-        if B.dim() == 2: torch.mul(dut, B, out=Wx)  # b_t = delta_t u_t B_t
-        elif B.dim() == 3: torch.mul(dut, B[..., s:s + k].permute(2, 0, 1)[:, :, None, :], out=Wx)
-        else: torch.mul(dut.unflatten(2, (B.shape[1], -1)), B[..., s:s + k].permute(3, 0, 1, 2)[:, :, :, None, :], out=Wx.view(k, b, B.shape[1], -1, n))
-        Wx[0].addcmul_(Wa[0], x)  # the state entering the chunk
-        for t in range(1, k): Wx[t].addcmul_(Wa[t], Wx[t - 1])  # x_t = a_t x_{t-1} + b_t over all (b, d, n) at once
-        if C.dim() == 2: y[..., s:s + k] = torch.einsum("tbdn,dn->bdt", Wx, C)
-        elif C.dim() == 3: y[..., s:s + k] = torch.einsum("tbdn,bnt->bdt", Wx, C[..., s:s + k])
-        else: y[..., s:s + k] = torch.einsum("tbgkn,bgnt->bgkt", Wx.unflatten(2, (C.shape[1], -1)), C[..., s:s + k]).flatten(1, 2)
-        x = Wx[k - 1].clone()
-        if s + k < l: starts.append(x)
-    return y, x, starts, T
+        y, x = _chunk(u[..., s:s + T], delta[..., s:s + T], A, _slice(B, slice(s, s + T)), _slice(C, slice(s, s + T)), xs[-1])
+        ys.append(y); xs.append(x)
+    return torch.cat(ys, -1), xs[-1], xs[:-1]
 
-# %% ../nbs/08_selective.ipynb #r5c0a001
-def _selective_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state, chunk):
-    "`backend='triton'`: notebook 11's forward and backward kernels (bias, softplus, D and the z gate fused), real A, computed in float32."
-    if A.is_complex(): raise ValueError("backend='triton' handles a real A only (the kernels have no complex state); use backend='torch' for complex A")
-    if u.dtype == torch.float64: raise ValueError("backend='triton' computes in float32, got u in float64; use backend='torch' for float64")
-    from ssm_course.triton_ssm import selective_scan_triton  # imported only when asked for
-    f32 = lambda X: None if X is None else X.to(torch.float32)  # float64 B/C/... with float32 u: float32, as the PyTorch path computes
-    return selective_scan_triton(u, f32(delta), f32(A), f32(B), f32(C), f32(D), f32(z), f32(delta_bias), delta_softplus, return_last_state, f32(initial_state), chunk)
+# %% ../nbs/08_selective.ipynb #s08c0006
+def _backward_chunks(gy, glast, u, delta, A, B, C, starts, T, chunk=_chunk):
+    """Gradients of (u, delta, A, B, C, x0) from those of y (`gy`) and of the last state (`glast`, or None), walking the chunks from
+    last to first: chunk k recomputed from its entering state `starts[k]` (None: zero) and differentiated on its own."""
+    grads = [torch.zeros_like(t) for t in (u, delta, A, B, C)]
+    g_state = glast  # the gradient of the state leaving chunk k
+    for k, s in reversed(list(enumerate(range(0, u.shape[-1], T)))):
+        sl = slice(s, s + T)
+        with torch.enable_grad():  # recompute chunk k under autograd, from its stored entering state
+            ins = [t.detach().requires_grad_() for t in (u[..., sl], delta[..., sl], A, _slice(B, sl), _slice(C, sl))]
+            xin = None if starts[k] is None else starts[k].detach().requires_grad_()
+            y, x = chunk(*ins, xin)
+            outs, gouts = [y], [gy[..., sl]]
+            if g_state is not None: outs.append(x); gouts.append(g_state)
+            got = torch.autograd.grad(outs, ins + ([xin] if xin is not None else []), gouts, allow_unused=True)
+        for i, gk in enumerate(got[:5]):
+            if gk is None: continue
+            if i < 2 or (i > 2 and grads[i].dim() > 2): grads[i][..., sl] += gk  # u, delta and a per-step B or C: this chunk's steps
+            else: grads[i] += gk  # A and a fixed B or C: a contribution from every chunk
+        g_state = got[5] if xin is not None else None  # on to chunk k - 1
+    return (*grads, g_state)
 
+# %% ../nbs/engine/selective.ipynb #e08c0025
+from .checks import check_size, resolve_backend
+from ._engine.selective import _check_selective, _ScanTM, _scan_steps, _chunk_tm, _selective_forward, _selective_triton
+from ._engine.selective import _to_front, _fold_channels, _unfold_channels  # vmap: channels folded (notebook 11 uses them too)
 
-# %% ../nbs/08_selective.ipynb #b8c9d0e1
-def _to_front(x, d, size):
-    "`x` with its vmapped axis `d` first (`None`: broadcast to `size`)."
-    return x.expand(size, *x.shape) if d is None else x.movedim(d, 0)
-
-def _fold_channels(V, in_dims, args, kinds):
-    """vmap over a selective scan's arguments as V times as many channels: (b, d, ...) tensors ("b") and (d, ...) tensors ("d")
-    fold the mapped axis into d; B or C ("BC") become (V d, n), or groups (b, V g, n, l) of d / g channels each."""
-    out = []
-    for x, dim, kind in zip(args, in_dims, kinds):
-        if kind is None or not isinstance(x, Tensor): out.append(x); continue
-        x = _to_front(x, dim, V)
-        if kind == "BC": kind = {3: "d", 4: "group", 5: "b"}[x.dim()]
-        out.append(x.flatten(0, 1) if kind == "d" else x.movedim(0, 1) if kind == "group" else x.movedim(0, 1).flatten(1, 2))
-    return out
-
-def _unfold_channels(V, x, dim=1):
-    "(..., V d, ...) at `dim` back to (V, ..., d, ...)."
-    return x.unflatten(dim, (V, -1)).movedim(dim, 0)
-
+# %% ../nbs/engine/selective.ipynb #e08c0026
 class _SelectiveScan(torch.autograd.Function):
     """The chunked core in PyTorch: the forward stores the inputs and the chunk-boundary states, the backward recomputes one chunk at a time.
     With `create_graph=True` the backward recomputes the forward with out-of-place steps and differentiates that, so gradients of gradients
     are exact; `torch.func.vmap` folds the mapped axis into the channels."""
     @staticmethod
     def forward(u, delta, A, B, C, x0, T):
-        y, last, starts, T = _selective_forward(u, delta, A, B, C, x0, T)  # _forward_torch, time-major (folded cell above)
+        y, last, starts, T = _selective_forward(u, delta, A, B, C, x0, T)  # lesson 08's _forward_chunks, time-major
         return y, last, torch.stack(starts[1:]) if len(starts) > 1 else last.new_empty(0, *last.shape)  # the states entering chunks 1, 2, ...
 
     @staticmethod
@@ -242,25 +143,7 @@ class _SelectiveScan(torch.autograd.Function):
     def backward(ctx, gy, glast, _):
         u, delta, A, B, C, x0, starts = ctx.saved_tensors
         if torch.is_grad_enabled(): return _SelectiveScan._backward_graph(ctx, u, delta, A, B, C, x0, gy, glast)
-        T, l = ctx.T, u.shape[-1]
-        starts = [x0] + list(starts)
-        grads = {k: torch.zeros_like(v) for k, v in dict(u=u, delta=delta, A=A, B=B, C=C).items()}
-        g_state = glast
-        for i, s in reversed(list(enumerate(range(0, l, T)))):
-            sl = slice(s, s + T)
-            with torch.enable_grad():  # recompute one chunk under autograd, from its stored entering state
-                ins = [t.detach().requires_grad_() for t in (u[..., sl], delta[..., sl], A, _slice(B, sl), _slice(C, sl))]
-                xin = None if starts[i] is None else starts[i].detach().requires_grad_()
-                y, x = _chunk_tm(*ins, xin)
-                outs, gouts = [y], [gy[..., sl]]
-                if g_state is not None: outs.append(x); gouts.append(g_state)
-                got = torch.autograd.grad(outs, ins + ([xin] if xin is not None else []), gouts, allow_unused=True)
-            for k, gk in zip(("u", "delta", "A", "B", "C"), got[:5]):
-                if gk is None: continue
-                if k in ("u", "delta") or (k in ("B", "C") and grads[k].dim() > 2): grads[k][..., sl] += gk
-                else: grads[k] += gk
-            g_state = got[5] if xin is not None else None
-        return grads["u"], grads["delta"], grads["A"], grads["B"], grads["C"], g_state, None
+        return (*_backward_chunks(gy, glast, u, delta, A, B, C, [x0] + list(starts), ctx.T, chunk=_chunk_tm), None)  # lesson 08's backward
 
     @staticmethod
     def _backward_graph(ctx, u, delta, A, B, C, x0, gy, glast):

@@ -12,51 +12,11 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from .checks import check_tensor, check_size, float_dtype, resolve_backend, values_hidden, full_precision
+from .checks import full_precision
 from .scan import scan
-from .selective import _same_device
+from ._engine.ssd import _check_ref, _causal_apply, _check_mask
 
-# %% ../nbs/09_ssd.ipynb #369eeaed
-def _unreadable(*xs):
-    "Whether some tensor's values cannot be read: `values_hidden` (compile, meta), or mapped by `torch.func.vmap` (at any level of functorch's wrappers)."
-    for x in xs:
-        if values_hidden(x): return True
-        while isinstance(x, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(x):
-            if torch._C._functorch.is_batchedtensor(x): return True
-            x = torch._C._functorch.get_unwrapped(x)
-    return False
-
-def _check_ssd(x, dt, A, B, C, D, initial_states, log_decay=None):
-    "Validate Mamba-2 layouts; return (b, l, h, p, g, n, compute dtype)."
-    x = check_tensor(x, "x", ndim=4)
-    b, l, h, p = x.shape
-    if l == 0: raise ValueError(f"x is an empty sequence: shape {tuple(x.shape)}")
-    if log_decay is None:
-        if dt is None or A is None: raise ValueError("dt and A are needed unless log_decay gives the per-step log decay")
-    elif A is not None: raise ValueError("give either A (the decay is exp(dt A)) or log_decay, not both")
-    if dt is not None and tuple(check_tensor(dt, "dt", ndim=3).shape) != (b, l, h): raise ValueError(f"dt must have shape (b, l, h) = {(b, l, h)}, got {tuple(dt.shape)}")
-    if A is not None and tuple(check_tensor(A, "A", ndim=1).shape) != (h,): raise ValueError(f"A must have shape (h,) = ({h},), got {tuple(A.shape)}")
-    if log_decay is not None and tuple(check_tensor(log_decay, "log_decay", ndim=3).shape) != (b, l, h):
-        raise ValueError(f"log_decay must have shape (b, l, h) = {(b, l, h)}, got {tuple(log_decay.shape)}")
-    check_tensor(B, "B", ndim=4); check_tensor(C, "C", ndim=4)
-    if B.shape[:2] != (b, l) or B.shape[2] == 0 or h % B.shape[2]: raise ValueError(f"B must have shape (b, l, g, n) with b={b}, l={l} and g dividing h={h}, got {tuple(B.shape)}")
-    if C.shape != B.shape: raise ValueError(f"C must have the shape of B {tuple(B.shape)}, got {tuple(C.shape)}")
-    g, n = B.shape[2:]
-    if D is not None and tuple(check_tensor(D, "D").shape) != (h,): raise ValueError(f"D must have shape (h,) = ({h},), got {tuple(D.shape)}")
-    if initial_states is not None and tuple(check_tensor(initial_states, "initial_states").shape) != (b, h, p, n):
-        raise ValueError(f"initial_states must have shape (b, h, p, n) = {(b, h, p, n)}, got {tuple(initial_states.shape)}")
-    given = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "initial_states": initial_states, "log_decay": log_decay}
-    _same_device("x", **given)
-    for name, t in given.items():
-        if t is not None and (t.is_complex() or t.dtype == torch.bool): raise TypeError(f"{name} must be a real tensor (ssd computes in real arithmetic), got dtype {t.dtype}")
-    if dt is not None and not _unreadable(dt) and not bool((dt >= 0).all()):  # 0 is allowed: no step (float32 softplus underflows to it)
-        bad = dt[~(dt >= 0)]
-        raise ValueError(f"dt must be >= 0 (0 leaves the state unchanged), got {bad[0].item()} ({bad.numel()} such entries)")
-    if log_decay is not None and not _unreadable(log_decay) and not bool((log_decay <= 0).all()):
-        raise ValueError(f"log_decay must be <= 0 (a decay of at most 1 per step), got max {log_decay.max().item()}")
-    dtype = float_dtype(*[t for t in given.values() if t is not None])
-    return b, l, h, p, g, n, dtype
-
+# %% ../nbs/09_ssd.ipynb #s09c0001
 def _inputs(x, dt, A, log_decay, dtype):
     "The discretized input dt x and the log decays dt A (b, l, h) (or the given log_decay), in the compute dtype."
     w = torch.promote_types(dtype, torch.float32)  # half precision: computed in float32
@@ -64,26 +24,12 @@ def _inputs(x, dt, A, log_decay, dtype):
     dA = log_decay.to(w) if log_decay is not None else dt.to(w) * A.to(w)
     return xdt, dA, w
 
-def _growth_chunk(Q, l, A, dA, dtype):
-    """The chunk to use: at most `l` (more would be padding), and, for a growing state (some A > 0), short enough that a decay
-    factor inside a chunk stays below the square root of the largest float (e^44 in float32): chunk x (largest finite dt A) <= 44."""
-    Q = min(Q, l)
-    if A is None or _unreadable(A, dA) or not bool((A > 0).any()): return Q
-    grow = torch.where(torch.isfinite(dA), dA, 0).max().item()  # NaN and inf steps are non-finite in the loop anyway
-    return min(Q, max(1, int(math.log(torch.finfo(dtype).max) / 2 / grow))) if grow > 0 else Q
-
-def _finite_values(v, dim):
-    """The values `v` of a causal product M v with non-finite entries replaced by 0 (0 * NaN above M's diagonal would be NaN
-    in every earlier output), and the mask of the outputs from such an entry's step on along `dim` (time): NaN, as in the loop."""
-    ok = torch.isfinite(v)
-    return torch.where(ok, v, 0), (torch.cumsum(~ok, dim) > 0)
-
-# %% ../nbs/09_ssd.ipynb #0b1c2d3e
 def _heads(X, h):
     "(b, l, g, n) -> (b, l, h, n): each group's B or C shared by its h/g heads (a view)."
     b, l, g, n = X.shape
     return X[:, :, :, None].expand(b, l, g, h // g, n).reshape(b, l, h, n)
 
+# %% ../nbs/09_ssd.ipynb #0b1c2d3e
 @full_precision
 def ssd_ref(
     x:Tensor, # input, (b, l, h, p)
@@ -99,9 +45,7 @@ def ssd_ref(
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$ (an already discretized decay)
 ): # y (b, l, h, p), or (y, final states (b, h, p, n))
     "Mamba-2's SSM as a loop over time: $H_t = a_t H_{t-1} + \\Delta_t x_t B_t^\\top$ with $a_t = e^{\\Delta_t A}$, $y_t = H_t C_t + D x_t$; in float32 (float64 for float64 inputs) whatever the caller's autocast."
-    b, l, h, p, g, n, dtype = _check_ssd(x, dt, A, B, C, D, initial_states, log_decay)
-    check_size(chunk_size, "chunk_size")
-    resolve_backend(backend, x, has_triton=False, name="ssd_ref")
+    b, l, h, p, g, n, dtype = _check_ref("ssd_ref", backend, chunk_size, x, dt, A, B, C, D, initial_states, log_decay)
     xdt, dA, w = _inputs(x, dt, A, log_decay, dtype)
     Bh, Ch = _heads(B.to(w), h), _heads(C.to(w), h)
     H = torch.zeros(b, h, p, n, dtype=w, device=x.device) if initial_states is None else initial_states.to(w)
@@ -141,19 +85,14 @@ def ssd_quadratic(
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$
 ): # y (b, l, h, p), or (y, final states)
     "The dual attention form $y = (L \\circ C B^\\top)(\\Delta x)$ with the decay mask $L = \\exp(\\mathrm{segsum}(\\Delta A))$: $O(l^2)$; in float32 (float64 for float64 inputs) whatever the caller's autocast."
-    b, l, h, p, g, n, dtype = _check_ssd(x, dt, A, B, C, D, initial_states, log_decay)
-    check_size(chunk_size, "chunk_size")
-    resolve_backend(backend, x, has_triton=False, name="ssd_quadratic")
+    b, l, h, p, g, n, dtype = _check_ref("ssd_quadratic", backend, chunk_size, x, dt, A, B, C, D, initial_states, log_decay)
     xdt, dA, w = _inputs(x, dt, A, log_decay, dtype)
     Bh, Ch = _heads(B.to(w), h), _heads(C.to(w), h)
     dA = dA.transpose(1, 2)  # (b, h, l)
     Lmask = torch.exp(segsum(dA))  # (b, h, l, l)
-    if not _unreadable(Lmask) and bool(torch.isinf(Lmask).any()):
-        raise ValueError("the decay mask exp(segsum(dt A)) overflows: a growing state (dt A > 0) over this many steps; use ssd or ssd_ref")
-    causal = torch.ones(l, l, dtype=torch.bool, device=x.device).tril()
-    scores = torch.where(causal, torch.einsum("bthn,bshn->bhts", Ch, Bh) * Lmask, 0)  # M = L o (C B^T), exactly 0 above the diagonal
-    v, after = _finite_values(xdt, 1)
-    y = torch.einsum("bhts,bshp->bthp", scores, v).masked_fill(after, math.nan)
+    _check_mask(Lmask)  # a growing state over many steps overflows: refused
+    M = torch.einsum("bthn,bshn->bhts", Ch, Bh) * Lmask  # M = L o (C B^T)
+    y = _causal_apply(M, xdt, "bhts,bshp->bthp", 1)  # y = M (dt x)
     cum = torch.cumsum(dA, -1)  # decay from the start: prod_{r<=t} a_r = exp(cum_t)
     if initial_states is not None:
         y = y + torch.einsum("bthn,bhpn,bht->bthp", Ch, initial_states.to(w), torch.exp(cum))
@@ -164,7 +103,45 @@ def ssd_quadratic(
     if initial_states is not None: final = final + torch.exp(cum[..., -1])[..., None, None] * initial_states.to(w)
     return y.to(dtype), final.to(dtype)
 
-# %% ../nbs/09_ssd.ipynb #32f6b41b
+# %% ../nbs/09_ssd.ipynb #s09c0004
+def _ssd_chunks(
+    xdt:Tensor, # discretized input $\Delta x$, (b, l, h, p)
+    dA:Tensor, # log decays $\Delta A$, (b, l, h)
+    B:Tensor, # (b, l, g, n)
+    C:Tensor, # (b, l, g, n)
+    Q:int, # chunk length (at most l is used)
+    H0:Tensor|None=None, # initial state $H_{-1}$, (b, h, p, n)
+): # y (b, l, h, p), final state (b, h, p, n)
+    "Mamba-2's chunked SSD on discretized inputs: the quadratic form inside chunks of `Q` steps, a scan of states across them."
+    b, l, h, p = xdt.shape
+    g, Q = B.shape[2], min(Q, l)
+    pad = -l % Q
+    padt = lambda t: F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))  # pad the time axis (1) with zeros: decay 1, no input
+    nc = (l + pad) // Q
+    xs, Bg, Cg = (padt(t).unflatten(1, (nc, Q)) for t in (xdt, B, C))  # (b, c, q, h, p) and (b, c, q, g, n)
+    Bs, Cs = (padt(_heads(X, h)).unflatten(1, (nc, Q)) for X in (B, C))  # per head: (b, c, q, h, n)
+    dA = padt(dA).unflatten(1, (nc, Q)).permute(0, 3, 1, 2)  # (b, h, c, q)
+    Lm = torch.exp(segsum(dA))  # (b, h, c, q, q): the decay mask inside each chunk
+    cum = torch.cumsum(dA, -1)  # within-chunk cumulative log decays
+    # 1. diagonal blocks: the quadratic form inside each chunk
+    CB = torch.einsum("bctgn,bcsgn->bgcts", Cg, Bg)  # (b, g, c, q, q): each group's scores, shared by its heads
+    M = (Lm.unflatten(1, (g, h // g)) * CB[:, :, None]).flatten(1, 2)  # (b, h, c, q, q) = L o (C B^T) per chunk
+    y = _causal_apply(M, xs, "bhcts,bcshp->bcthp", 2)
+    # 2. each chunk's contribution to the state at its end: decays from s to the chunk's end (the last row of the mask)
+    contrib = torch.einsum("bcshn,bhcs,bcshp->bchpn", Bs, Lm[..., -1, :], xs)  # (b, c, h, p, n)
+    # 3. state passing: H_c = (decay over chunk c) H_{c-1} + contrib_c, a scan over chunks
+    decay = torch.exp(cum[..., -1]).permute(0, 2, 1)[..., None, None]  # (b, c, h, 1, 1)
+    ends = scan(decay.expand_as(contrib).movedim(1, -1), contrib.movedim(1, -1), H0)  # (b, h, p, n, c)
+    entering = torch.cat([(torch.zeros_like(ends[..., :1]) if H0 is None else H0[..., None]), ends[..., :-1]], -1)  # state entering chunk c
+    # 4. off-diagonal blocks: the entering state, decayed to each step, read out by C
+    y = y + torch.einsum("bcthn,bhpnc,bhct->bcthp", Cs, entering, torch.exp(cum))
+    return y.flatten(1, 2)[:, :l], ends[..., -1]
+
+# %% ../nbs/engine/ssd.ipynb #e09c0021
+from .checks import check_size, resolve_backend
+from ._engine.ssd import _check_ssd, _growth_chunk
+
+# %% ../nbs/engine/ssd.ipynb #32f6b41b
 @full_precision
 def ssd(
     x:Tensor, # input, (b, l, h, p)
@@ -194,28 +171,6 @@ def ssd(
         return (y, final) if return_final_states else y
     xdt, dA, w = _inputs(x, dt, A, log_decay, dtype)
     Q = _growth_chunk(Q, l, A, dA, w)  # at most l; shorter for a fast-growing state
-    pad = -l % Q
-    padt = lambda t: F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))  # pad the time axis (1) with zeros: decay 1, no input
-    nc = (l + pad) // Q
-    xs, Bg, Cg = (padt(t).unflatten(1, (nc, Q)) for t in (xdt, B.to(w), C.to(w)))  # (b, c, q, h, p) and (b, c, q, g, n)
-    Bs, Cs = (padt(_heads(X.to(w), h)).unflatten(1, (nc, Q)) for X in (B, C))  # per head: (b, c, q, h, n)
-    dA = padt(dA).unflatten(1, (nc, Q)).permute(0, 3, 1, 2)  # (b, h, c, q)
-    Lm = torch.exp(segsum(dA))  # (b, h, c, q, q): the decay mask inside each chunk
-    cum = torch.cumsum(dA, -1)  # within-chunk cumulative log decays
-    # 1. diagonal blocks: the quadratic form inside each chunk, exactly 0 above the diagonal (where, not a product with the 0 of the mask)
-    CB = torch.einsum("bctgn,bcsgn->bgcts", Cg, Bg)  # (b, g, c, q, q): each group's scores, shared by its heads
-    M = torch.where(torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril(), Lm.unflatten(1, (g, h // g)) * CB[:, :, None], 0).flatten(1, 2)
-    v, after = _finite_values(xs, 2)
-    y = torch.einsum("bhcts,bcshp->bcthp", M, v).masked_fill(after, math.nan)
-    # 2. each chunk's contribution to the state at its end: decays from s to the chunk's end (the last row of the mask)
-    contrib = torch.einsum("bcshn,bhcs,bcshp->bchpn", Bs, Lm[..., -1, :], xs)  # (b, c, h, p, n)
-    # 3. state passing: H_c = (decay over chunk c) H_{c-1} + contrib_c, a scan over chunks
-    decay = torch.exp(cum[..., -1]).permute(0, 2, 1)[..., None, None]  # (b, c, h, 1, 1)
-    H0 = None if initial_states is None else initial_states.to(w)
-    ends = scan(decay.expand_as(contrib).movedim(1, -1), contrib.movedim(1, -1), H0)  # (b, h, p, n, c)
-    entering = torch.cat([(torch.zeros_like(ends[..., :1]) if H0 is None else H0[..., None]), ends[..., :-1]], -1)  # state entering chunk c
-    # 4. off-diagonal blocks: the entering state, decayed to each step, read out by C
-    y = y + torch.einsum("bcthn,bhpnc,bhct->bcthp", Cs, entering, torch.exp(cum))
-    y = y.flatten(1, 2)[:, :l]
+    y, final = _ssd_chunks(xdt, dA, B.to(w), C.to(w), Q, None if initial_states is None else initial_states.to(w))  # lesson 09's four steps
     if D is not None: y = y + D.to(w)[:, None] * x.to(w)
-    return (y.to(dtype), ends[..., -1].to(dtype)) if return_final_states else y.to(dtype)
+    return (y.to(dtype), final.to(dtype)) if return_final_states else y.to(dtype)

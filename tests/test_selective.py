@@ -363,3 +363,30 @@ def test_selective_mixed_devices_name_the_argument(f, name):
         f(**{**kw, name: kw[name].to("meta")})
     with pytest.raises(ValueError, match=r"^delta is on device cpu but u is on meta"):
         f(**{**kw, "u": kw["u"].to("meta")})
+
+
+# ---- issue 26: the engine (nbs/engine/selective.ipynb) around lesson 08's chunked algorithm ------------------------------
+def test_engine_does_not_import_the_public_module():
+    "ssm_course._engine.selective (checks, time-major forward, Triton dispatch, vmap helpers) is imported by ssm_course.selective, so it must not import ssm_course.selective itself; the names ssm_course.selective (and notebook 11, through it) uses are the engine's objects."
+    import subprocess, sys
+    code = ("import sys, ssm_course._engine.selective as E\nassert 'ssm_course.selective' not in sys.modules, 'the engine imported the public module'\n"
+            "import ssm_course.selective as S\nassert all(getattr(S, n) is getattr(E, n) for n in ('_check_ref', '_check_selective', '_selective_forward', '_chunk_tm', "
+            "'_scan_steps', '_selective_triton', '_to_front', '_fold_channels', '_unfold_channels'))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("layout", [2, 3, 4])
+def test_backward_is_the_lessons_chunk_walk(layout):
+    "selective_scan's backward is notebook 08's _backward_chunks (with the engine's time-major chunk) from the tuned forward's boundary states: every gradient bit for bit."
+    from ssm_course.selective import _backward_chunks
+    from ssm_course._engine.selective import _selective_forward, _chunk_tm
+    kw = _full_inputs(5, layout, False, l=29)
+    names = ["u", "delta", "A", "B", "C", "initial_state"]
+    leaves = {k: kw[k].clone().requires_grad_() for k in names}
+    gen = torch.Generator().manual_seed(1)
+    y, last = selective_scan(**leaves, return_last_state=True, chunk=8)  # delta as given: no bias, no softplus
+    gy, glast = torch.randn(y.shape, generator=gen, dtype=y.dtype), torch.randn(last.shape, generator=gen, dtype=last.dtype)
+    got = torch.autograd.grad((y, last), list(leaves.values()), (gy, glast))
+    _, _, starts, _ = _selective_forward(*(kw[k] for k in names), 8)
+    want = _backward_chunks(gy, glast, *(kw[k] for k in names[:5]), starts, 8, chunk=_chunk_tm)
+    for a, b in zip(got, want): assert torch.equal(a, b)

@@ -316,3 +316,26 @@ def test_ssd_torch_func_vmap_and_grad():
     x = kw["x"].clone().requires_grad_()
     want, = torch.autograd.grad(ssd_ref(x, kw["dt"], kw["A"], kw["B"], kw["C"]).square().sum(), x)
     torch.testing.assert_close(torch.func.grad(loss)(kw["x"]), want, rtol=0, atol=1e-12)
+
+
+# ---- issue 26: the engine (nbs/engine/ssd.ipynb) around lesson 09's four steps -------------------------------------------
+def test_engine_does_not_import_the_public_module():
+    "ssm_course._engine.ssd (checks, causal products, the growth chunk) is imported by ssm_course.ssd, so it must not import ssm_course.ssd itself; the helpers ssm_course.ssd (and notebook 11, through it) uses are the engine's objects."
+    import subprocess, sys
+    code = ("import sys, ssm_course._engine.ssd as E\nassert 'ssm_course.ssd' not in sys.modules, 'the engine imported the public module'\n"
+            "import ssm_course.ssd as S\nassert all(getattr(S, n) is getattr(E, n) for n in ('_check_ref', '_check_ssd', '_causal_apply', '_check_mask', '_growth_chunk'))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("l, Q, gated", [(50, 16, False), (37, 64, True), (100, 7, False)])
+def test_ssd_is_the_lessons_four_steps(dtype, l, Q, gated):
+    "ssd (backend='torch') is notebook 09's _ssd_chunks on _inputs' discretized inputs, plus D: bit for bit."
+    from ssm_course.ssd import _inputs, _ssd_chunks
+    kw, more = make(7, 2, l, 4, 3, 2, 5)
+    kw = {k: v.to(dtype) for k, v in {**kw, **more}.items()}
+    if gated: kw.update(A=None, log_decay=kw["dt"] * kw["A"], dt=None)
+    y, s = ssd(**kw, chunk_size=Q, return_final_states=True, backend="torch")
+    xdt, dA, _ = _inputs(kw["x"], kw["dt"], kw["A"], kw.get("log_decay"), dtype)
+    y_c, s_c = _ssd_chunks(xdt, dA, kw["B"], kw["C"], Q, kw["initial_states"])
+    assert torch.equal(y, y_c + kw["D"][:, None] * kw["x"]) and torch.equal(s, s_c)
