@@ -73,7 +73,7 @@ def test_scan_half_precision_within_one_ulp(dtype):
 
 @pytest.mark.parametrize("with_h0", [False, True])
 def test_backward_saves_no_copy_of_b(with_h0):
-    "tests/test_scan.py's test of the same name for backend='triton': `_ScanTriton` saves through notebook 07's `_save_scan`, so the graph keeps a, h0 and h; of b only its shape and dtype."
+    "tests/test_scan.py's test of the same name for backend='triton': `_ScanTriton` saves through engine/scan's `_save_scan`, so the graph keeps a, h0 and h; of b only its shape and dtype."
     g = torch.Generator().manual_seed(0)
     a = torch.rand(3, 20, generator=g).requires_grad_(); b = torch.randn(3, 20, generator=g).requires_grad_()
     h0 = torch.randn(3, generator=g).requires_grad_() if with_h0 else None
@@ -88,7 +88,7 @@ def test_backward_saves_no_copy_of_b(with_h0):
 
 def test_time_invariant_decay_is_not_expanded():
     "A decay of shape (..., 1) reaches the kernel as one number per row with time stride 0, not as an (..., L) copy."
-    from ssm_course.triton_scan import _rows
+    from ssm_course._engine.triton_scan import _rows
     A, rs, ts, group = _rows(torch.rand(3, 1), (2, 3, 500), torch.float32)
     assert A.numel() == 6 and ts == 0 and group == 1
     A, rs, ts, group = _rows(torch.rand(500), (2, 3, 500), torch.float32)  # shared by every row: one row in memory
@@ -237,3 +237,38 @@ def test_scan_torch_func():
     for name, f in cases.items():
         got, ref = f(lambda *x: scan(*x, backend="triton"), a, b, h0), f(scan_sequential, up(a), up(b), up(h0))
         for o, r in zip(*((got, ref) if isinstance(got, tuple) else ((got,), (ref,)))): assert rel(o, r) < 1e-6, (name, rel(o, r))
+
+
+# ---- issue 26: the engine (nbs/engine/triton_scan.ipynb) runs lesson 10's plain launch, bit for bit ------------------------------------
+@pytest.mark.parametrize("kind", ["real", "complex", "lti", "bcast", "shared", "float16", "bfloat16"])
+@pytest.mark.parametrize("L", [1, 16, 37])
+def test_scan_triton_is_the_lessons_plain_launch(kind, L):
+    "At the same tile, scan_triton (strides, row groups, dtype policy, autograd) equals lesson 10's scan_triton_ref on the broadcast inputs copied to one contiguous shape, bit for bit; its fused backward equals scan_triton_backward_ref bit for bit where every input has the full shape, and summed over the broadcast axes to float32 rounding elsewhere (to the input's rounding in half precision)."
+    from ssm_course.triton_scan import scan_triton, scan_triton_ref, scan_triton_backward_ref
+    from ssm_course._engine.triton_scan import _config
+    g = torch.Generator().manual_seed(L)
+    a, b, h0 = inputs("real" if kind in ("float16", "bfloat16") else kind, L, g)
+    if kind in ("float16", "bfloat16"): a, b, h0 = (x.to(getattr(torch, kind)) for x in (a, b, h0))
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    A, B, H0 = a.expand(shape).contiguous(), b.expand(shape).contiguous(), h0.expand(shape[:-1]).contiguous()
+    rows, block, warps, _ = _config(L)
+    h = scan_triton_ref(A, B, H0, rows, block, num_warps=warps)
+    gh = torch.randn(shape, generator=g, dtype=torch.complex64 if b.is_complex() else torch.float32).to(b.dtype)
+    xs = [x.clone().requires_grad_() for x in (a, b, h0)]
+    ours = scan_triton(*xs)
+    assert ours.dtype == h.dtype and torch.equal(ours, h)
+    grads = torch.autograd.grad(ours, xs, gh)
+    for x, o, r in zip(xs, grads, scan_triton_backward_ref(A, H0, h, gh, rows, block, num_warps=warps)):
+        if x.shape == r.shape: assert torch.equal(o, r)
+        else:  # the plain gradient is rounded to the input's dtype per element before this sum: half precision differs by its rounding
+            tol = 2 * torch.finfo(x.dtype).eps if x.dtype in (torch.float16, torch.bfloat16) else 1e-6
+            assert rel(o, r.to(torch.complex64 if r.is_complex() else torch.float32).sum_to_size(x.shape)) < tol
+
+
+def test_triton_engine_does_not_import_the_public_module():
+    "ssm_course._engine.triton_scan (launch plumbing, nbs/engine/triton_scan.ipynb) is imported by ssm_course.triton_scan, so it must not import it at import time; CONFIG, which bench/gpu.py tunes through ssm_course.triton_scan, is the engine's dict."
+    import subprocess, sys
+    code = ("import os, sys\nos.environ['TRITON_INTERPRET'] = '1'\nimport ssm_course._engine.triton_scan as E\n"
+            "assert 'ssm_course.triton_scan' not in sys.modules, 'the engine imported the public module'\n"
+            "import ssm_course.triton_scan as T\nassert T.CONFIG is E.CONFIG and 'CONFIG' in T.__all__ and T._scan_dtype is E._scan_dtype\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
