@@ -147,6 +147,6 @@ def test_optional_accelerators_present_where_required():
     "Where SSM_COURSE_REQUIRE_FAST=1 (set by .ci/run), numba's loop and ducc0 must be importable, so that their tests run rather than skip."
     import os
     if os.environ.get("SSM_COURSE_REQUIRE_FAST") != "1": pytest.skip("set SSM_COURSE_REQUIRE_FAST=1 to require numba and ducc0 (pip install '.[fast]')")
-    import ssm_course.conv as conv, ssm_course.scan as scan
+    import ssm_course.scan as scan, ssm_course._engine.conv as conv_engine  # the engine notebooks' fast paths
     assert scan._loop is not None, "numba is not importable: the compiled scan loop and its tests would be skipped"
-    assert conv.ducc0 is not None, "ducc0 is not importable: the ducc0 causal_conv tests would be skipped"
+    assert conv_engine.ducc0 is not None, "ducc0 is not importable: the ducc0 causal_conv tests would be skipped"
