@@ -449,3 +449,32 @@ def test_triton_mixed_devices_name_the_argument():
     with pytest.raises(ValueError, match=r"^C is on device meta but x is on cpu"): ssd(**{**kw, "C": kw["C"].to("meta")}, backend="triton")
     sk = sel_inputs(torch.Generator().manual_seed(17), 3, 3, l=8)
     with pytest.raises(ValueError, match=r"^A is on device meta but u is on cpu"): selective_scan(**{**sk, "A": sk["A"].to("meta")}, backend="triton")
+
+
+# ---------------------------------------------------------------- issue 26: the ops are the lessons' launches
+
+def test_ops_equal_the_lessons_launches_bit_for_bit():
+    "Lessons 11a-11c launch the kernels directly (_kdiag_fwd/_kdiag_bwd, _sel_fwd/_sel_bwd, the four SSD launches); the engine's autograd ops must return exactly those results."
+    from ssm_course.triton_ssm import _kdiag_fwd, _kdiag_bwd, _sel_fwd, _sel_bwd, _ssd_dA, _ssd_cb, _ssd_state, _ssd_out
+    from ssm_course.triton_scan import scan_triton
+    g = torch.Generator().manual_seed(26)
+    dA, dB, C = kdiag_inputs(g, 2, 5)
+    W, w = C * dB, torch.randn(2, 40, generator=g, dtype=torch.complex64)
+    assert torch.equal(ssm_kernel_diag_triton(dA, dB, C, 40), _kdiag_fwd(dA, W, 40))
+    assert all(torch.equal(o, k) for o, k in zip(grads(lambda z, W: ssm_kernel_diag_triton(z, W, torch.ones_like(W), 40), (dA, W), w), _kdiag_bwd(dA, W, w)))
+    r = lambda *s: torch.randn(*s, generator=g)
+    kw = dict(u=r(2, 4, 40), delta=r(2, 4, 40), A=-torch.rand(4, 3, generator=g) - 0.1, B=r(2, 2, 3, 40), C=r(4, 3), D=r(4), z=r(2, 4, 40), delta_bias=r(4), initial_state=r(2, 4, 3))
+    xs = {k: v.clone().requires_grad_() for k, v in kw.items()}
+    y, last = selective_scan_triton(**xs, delta_softplus=True, return_last_state=True, chunk=32)
+    gy, gl = r(*y.shape), r(*last.shape)
+    torch.autograd.backward((y, last), (gy, gl))
+    y2, last2, states, CH = _sel_fwd(*kw.values(), True, 32)
+    assert torch.equal(y, y2) and torch.equal(last, last2)
+    assert all(torch.equal(xs[k].grad, o) for k, o in zip(kw, _sel_bwd(*list(kw.values())[:8], states, gy, gl, True, CH)))
+    kw = ssd_inputs(g, l=37, h0=True)
+    x, dt, A, B, C_, h0 = (kw[k] for k in ("x", "dt", "A", "B", "C", "initial_states"))
+    y, s = ssd_triton(x, dt, A, B, C_, chunk_size=16, initial_states=h0)
+    d = _ssd_dA(dt, A, 16)
+    cb = _ssd_cb(C_, B, 16)
+    hs = scan_triton(torch.exp(d.sum(-1))[:, :, None, None, :], _ssd_state(x, dt, B, d), h0)
+    assert torch.equal(y, _ssd_out(x, dt, C_, cb, d, hs, h0)) and torch.equal(s, hs[..., -1])
