@@ -321,6 +321,6 @@ def ssm_kernel_diag(
     if not log: dA = dA.to(work)
     dB, C = dB.to(work), C.to(work)
     if resolve_backend(backend, dB, has_triton=backend == "triton" or work in (torch.float32, torch.complex64), name="ssm_kernel_diag") == "triton":
-        from ssm_course.triton_ssm import ssm_kernel_diag_triton  # notebook 11
+        from ssm_course.triton_ssm import ssm_kernel_diag_triton  # lesson 11a
         return ssm_kernel_diag_triton(dA, dB, C, L, log=log).to(out)
     return ssm_kernel_diag_ref(dA, dB, C, L, block, log=log).to(out)  # lesson 06

@@ -119,7 +119,7 @@ def _backward_chunks(gy, glast, u, delta, A, B, C, starts, T, chunk=_chunk):
 # %% ../nbs/engine/selective.ipynb #e08c0025
 from .checks import check_size, resolve_backend
 from ._engine.selective import _check_selective, _ScanTM, _scan_steps, _chunk_tm, _selective_forward, _selective_triton
-from ._engine.selective import _to_front, _fold_channels, _unfold_channels  # vmap: channels folded (notebook 11 uses them too)
+from ._engine.selective import _to_front, _fold_channels, _unfold_channels  # vmap: channels folded (lesson 11b's Triton op uses them too)
 
 # %% ../nbs/engine/selective.ipynb #e08c0026
 class _SelectiveScan(torch.autograd.Function):

@@ -165,7 +165,7 @@ def ssd(
     Q = check_size(chunk_size, "chunk_size")
     kernel_ok = log_decay is None and dt is not None and x.dtype == torch.float32
     if resolve_backend(backend, x, has_triton=kernel_ok or (backend == "triton" and log_decay is None and dt is not None), name="ssd") == "triton":
-        from ssm_course.triton_ssm import ssd_triton  # notebook 11
+        from ssm_course.triton_ssm import ssd_triton  # lesson 11c
         y, final = ssd_triton(x, dt, A, B, C, chunk_size, initial_states)
         if D is not None: y = y + D[:, None] * x
         return (y, final) if return_final_states else y

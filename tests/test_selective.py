@@ -247,7 +247,7 @@ def test_selective_half_and_meta():
     assert ym.shape == kw["u"].shape and ym.device.type == "meta"
 
 
-# ---- selective_scan(backend="triton"): notebook 11's full op (forward and backward kernels) --------------------------
+# ---- selective_scan(backend="triton"): lesson 11b's full op (forward and backward kernels) --------------------------
 TRITON_DISPATCH = r'''
 import torch
 from ssm_course.selective import selective_scan, selective_scan_ref
@@ -367,7 +367,7 @@ def test_selective_mixed_devices_name_the_argument(f, name):
 
 # ---- issue 26: the engine (nbs/engine/selective.ipynb) around lesson 08's chunked algorithm ------------------------------
 def test_engine_does_not_import_the_public_module():
-    "ssm_course._engine.selective (checks, time-major forward, Triton dispatch, vmap helpers) is imported by ssm_course.selective, so it must not import ssm_course.selective itself; the names ssm_course.selective (and notebook 11, through it) uses are the engine's objects."
+    "ssm_course._engine.selective (checks, time-major forward, Triton dispatch, vmap helpers) is imported by ssm_course.selective, so it must not import ssm_course.selective itself; the names ssm_course.selective (and lesson 11b, through it) uses are the engine's objects."
     import subprocess, sys
     code = ("import sys, ssm_course._engine.selective as E\nassert 'ssm_course.selective' not in sys.modules, 'the engine imported the public module'\n"
             "import ssm_course.selective as S\nassert all(getattr(S, n) is getattr(E, n) for n in ('_check_ref', '_check_selective', '_selective_forward', '_chunk_tm', "

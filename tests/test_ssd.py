@@ -320,7 +320,7 @@ def test_ssd_torch_func_vmap_and_grad():
 
 # ---- issue 26: the engine (nbs/engine/ssd.ipynb) around lesson 09's four steps -------------------------------------------
 def test_engine_does_not_import_the_public_module():
-    "ssm_course._engine.ssd (checks, causal products, the growth chunk) is imported by ssm_course.ssd, so it must not import ssm_course.ssd itself; the helpers ssm_course.ssd (and notebook 11, through it) uses are the engine's objects."
+    "ssm_course._engine.ssd (checks, causal products, the growth chunk) is imported by ssm_course.ssd, so it must not import ssm_course.ssd itself; the helpers ssm_course.ssd (and lesson 11c, through it) uses are the engine's objects."
     import subprocess, sys
     code = ("import sys, ssm_course._engine.ssd as E\nassert 'ssm_course.ssd' not in sys.modules, 'the engine imported the public module'\n"
             "import ssm_course.ssd as S\nassert all(getattr(S, n) is getattr(E, n) for n in ('_check_ref', '_check_ssd', '_causal_apply', '_check_mask', '_growth_chunk'))\n")

@@ -1,4 +1,4 @@
-"""Notebook 11's Triton kernels (ssm_kernel_diag, selective scan, SSD) against their float64 references, in Triton's CPU interpreter (tiny shapes).
+"""Lessons 11a-11c: the Triton kernels (ssm_kernel_diag, selective scan, SSD) against their float64 references, in Triton's CPU interpreter (tiny shapes).
 
 TRITON_INTERPRET must be set before triton is imported, so this module sets it first; the kernels
 are imported lazily by the dispatcher, after this line."""

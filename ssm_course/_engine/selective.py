@@ -127,7 +127,7 @@ def _selective_forward(u, delta, A, B, C, x0, T):
 
 # %% ../../nbs/engine/selective.ipynb #r5c0a001
 def _selective_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state, chunk):
-    "`backend='triton'`: notebook 11's forward and backward kernels (bias, softplus, D and the z gate fused), real A, computed in float32."
+    "`backend='triton'`: lesson 11b's forward and backward kernels (bias, softplus, D and the z gate fused), real A, computed in float32."
     if A.is_complex(): raise ValueError("backend='triton' handles a real A only (the kernels have no complex state); use backend='torch' for complex A")
     if u.dtype == torch.float64: raise ValueError("backend='triton' computes in float32, got u in float64; use backend='torch' for float64")
     from ssm_course.triton_ssm import selective_scan_triton  # imported only when asked for

@@ -1,4 +1,4 @@
-"""How `ssd` runs lesson 09's chunked algorithm safely: argument checks, causal products that survive NaN and infinity, a shorter chunk for growing states, vmap, and the dispatch to notebook 11's Triton kernels.
+"""How `ssd` runs lesson 09's chunked algorithm safely: argument checks, causal products that survive NaN and infinity, a shorter chunk for growing states, vmap, and the dispatch to lesson 11c's Triton kernels.
 
 Docs: https://ssm-course.github.io/ssm_course/engine/ssd.html.md"""
 
