@@ -93,6 +93,13 @@ def test_every_engine_notebook_names_its_lesson_and_is_linked():
         assert f"engine/{p.stem}." in linked, f"{p.name}: no lesson links to it"
 
 
+def test_engine_links_to_lessons_go_up_a_folder():
+    "An engine notebook lives in nbs/engine/: a link to a lesson is `../NN_name.ipynb` (a bare `NN_name.ipynb` breaks on the site)."
+    bad = [(p.name, m) for p in engine_notebooks() for c in json.loads(p.read_text())["cells"] if c["cell_type"] == "markdown"
+           for m in re.findall(r"\]\((\d\d[a-z]?_[\w-]+\.ipynb)", _src(c))]
+    assert not bad, f"links from engine notebooks to lessons without ../: {bad}"
+
+
 if __name__ == "__main__":
     total = 0
     for p in lessons():

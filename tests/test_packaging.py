@@ -33,7 +33,7 @@ def test_wheel_and_clean_import(tmp_path):
             "assert ssm_course.__file__.startswith(sys.prefix), ssm_course.__file__\n"
             "mods = [m.name for m in pkgutil.walk_packages(ssm_course.__path__, 'ssm_course.')]\n"
             "for m in mods:\n"
-            "    if m.startswith('ssm_course.triton_'):  # the kernels need the gpu extra, and say so\n"
+            "    if m.startswith(('ssm_course.triton_', 'ssm_course._engine.triton_')):  # the kernels need the gpu extra\n"
             "        try: importlib.import_module(m); raise SystemExit(m + ' imported without triton')\n"
             "        except ImportError: pass\n"
             "    else: importlib.import_module(m)\n"
