@@ -100,12 +100,21 @@ def check_size(
     if value < min: raise ValueError(f"{name} must be at least {min}, got {value}")
     return int(value)
 
+def _vmapped(x:Tensor)->bool:
+    "Whether `x` carries a `torch.func.vmap` batch dimension at any of its functorch levels (`vmap(grad(f))` wraps it in a grad level)."
+    F = getattr(torch._C, "_functorch", None)
+    if F is None or not hasattr(F, "is_batchedtensor"): return False  # a PyTorch without functorch has no vmap
+    while F.is_functorch_wrapped_tensor(x):
+        if F.is_batchedtensor(x): return True
+        x = F.get_unwrapped(x)
+    return F.is_legacy_batchedtensor(x) if hasattr(F, "is_legacy_batchedtensor") else False
+
 def values_hidden(
     x:Tensor|None=None, # a tensor whose values would be read
 )->bool:
-    "Whether tensor values cannot be read here: inside `torch.compile`/tracing, or `x` is a meta tensor."
+    "Whether tensor values cannot be read here: inside `torch.compile`/tracing, or `x` is a meta tensor or batched by `torch.func.vmap`."
     if torch.compiler.is_compiling() or torch.jit.is_tracing(): return True
-    return isinstance(x, Tensor) and x.device.type == "meta"
+    return isinstance(x, Tensor) and (x.device.type == "meta" or _vmapped(x))
 
 def check_positive(
     x, # a real number or real tensor

@@ -25,3 +25,16 @@ def test_first_layer_call_does_not_import_sympy():
             "print('sympy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_values_hidden_under_vmap():
+    "Issue 25 follow-up 3: a tensor batched by torch.func.vmap hides its values (bool() of a slice raises), also under a grad level."
+    from torch.func import vmap, grad
+    from ssm_course.checks import values_hidden, check_positive
+    seen = []
+    vmap(lambda d: seen.append(values_hidden(d)) or d)(torch.ones(2))
+    vmap(grad(lambda d: seen.append(values_hidden(d)) or d * d))(torch.ones(2))
+    grad(lambda d: seen.append(values_hidden(d)) or d * d)(torch.tensor(1.0))  # grad alone: values are readable
+    assert seen == [True, True, False] and not values_hidden(torch.ones(2))
+    out = vmap(lambda d: check_positive(d, "dt") + 0)(torch.tensor([-1.0, 2.0]))  # skipped, as under torch.compile
+    assert out.tolist() == [-1.0, 2.0]

@@ -805,3 +805,17 @@ def test_dplr_rank_axis_property(N, r, lam_batch, p_batch, L, seed):
     for i, k in enumerate(K.reshape(-1, L)):
         ref = ssm_kernel(*discretize(torch.diag(Lb[i]) - Pb[i].mT @ Pb[i].conj(), B, 0.1, "bilinear"), C, L)
         assert (k - ref).abs().max() <= 1e-10 * ref.abs().max(), i
+
+
+def test_vmap_over_dt_equals_the_loop():
+    "Issue 25 follow-up 3: torch.func.vmap over dt failed in the dt check (bool() of a batched tensor); now the loop over dt."
+    from torch.func import vmap
+    Lam, P, B, _ = dplr("legs", 6)
+    C = torch.randn(6, dtype=torch.complex128, generator=torch.Generator().manual_seed(4))
+    dts = torch.tensor([0.01, 0.05, 0.3], dtype=torch.float64)
+    calls = {"ssm_kernel_dplr": lambda d: ssm_kernel_dplr(Lam, P, B, C, d, 32),
+             "ssm_kernel_dplr tilde": lambda d: ssm_kernel_dplr(Lam, P, B, C, d, 32, tilde=True),
+             "dss_kernel exp": lambda d: dss_kernel(Lam, C, d, 32), "dss_kernel softmax": lambda d: dss_kernel(Lam, C, d, 32, "softmax")}
+    for name, f in calls.items():
+        loop = torch.stack([f(d) for d in dts])
+        torch.testing.assert_close(vmap(f)(dts), loop, rtol=1e-12, atol=1e-12 * loop.abs().max().item(), msg=name)

@@ -307,3 +307,19 @@ def test_autocast_is_ignored(name):
     with torch.autocast("cpu", torch.bfloat16): got = AUTOCAST_OPS[name](A, B, lam)
     for r, o in zip(ref if isinstance(ref, tuple) else (ref,), got if isinstance(got, tuple) else (got,)):
         assert o.dtype == r.dtype and torch.equal(o, r)
+
+
+def test_vmap_over_dt_equals_the_loop():
+    "Issue 25 follow-up 3: torch.func.vmap over dt (the dt check reads no values of a batched tensor) gives the loop over dt; "
+    "per-dt gradients by vmap(grad) give autograd's, one dt at a time."
+    from torch.func import vmap, grad
+    A, B, _, _ = random_ssm(4, seed=3)
+    Lam = torch.complex(-torch.rand(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64))
+    dts = torch.tensor([0.01, 0.1, 0.5, 2.0], dtype=torch.float64)
+    for method in ["zoh", "bilinear", "backward_euler"]:
+        for f in (lambda d: discretize(A, B, d, method), lambda d: discretize_diag(Lam, B.to(Lam.dtype), d, method)):
+            got, loop = vmap(f)(dts), [f(d) for d in dts]
+            for i in range(2): torch.testing.assert_close(got[i], torch.stack([r[i] for r in loop]), rtol=1e-13, atol=1e-15)
+    loss = lambda d: discretize(A, B, d)[1].sum()
+    want = torch.stack([torch.autograd.grad(loss(x := d.clone().requires_grad_()), x)[0] for d in dts])
+    torch.testing.assert_close(vmap(grad(loss))(dts), want, rtol=1e-13, atol=1e-15)
