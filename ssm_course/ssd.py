@@ -37,11 +37,11 @@ def ssd_ref(
     A:Tensor|None, # one decay rate per head, (h,); None when `log_decay` is given
     B:Tensor, # (b, l, g, n)
     C:Tensor, # (b, l, g, n)
-    chunk_size:int=64, # unused: the reference is sequential (kept for a common signature)
+    chunk_size:int=64, # unused (a sequential loop): kept so that the three forms share one signature
     D:Tensor|None=None, # feedthrough, (h,)
     initial_states:Tensor|None=None, # $H_{-1}$, (b, h, p, n)
     return_final_states:bool=False, # also return $H_{l-1}$, (b, h, p, n)
-    backend:str="auto", # the reference always runs in PyTorch
+    backend:str="auto", # checked, kept for the shared signature; the reference always runs in PyTorch
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$ (an already discretized decay)
 ): # y (b, l, h, p), or (y, final states (b, h, p, n))
     "Mamba-2's SSM as a loop over time: $H_t = a_t H_{t-1} + \\Delta_t x_t B_t^\\top$ with $a_t = e^{\\Delta_t A}$, $y_t = H_t C_t + D x_t$; in float32 (float64 for float64 inputs) whatever the caller's autocast."
@@ -60,14 +60,14 @@ def ssd_ref(
 # %% ../nbs/09_ssd.ipynb #1bf9daca
 @full_precision
 def segsum(
-    a:Tensor, # values $a_r$ along the last axis, (..., T)
-)->Tensor: # (..., T, T): $\sum_{s<r\le t} a_r$ for $s \le t$ (0 on the diagonal), $-\infty$ above it
+    a:Tensor, # values $a_r$ along the last axis, (..., Q)
+)->Tensor: # (..., Q, Q): $\sum_{s<r\le t} a_r$ for $s \le t$ (0 on the diagonal), $-\infty$ above it
     "Segment sums without differences of cumulative sums: $\\exp(\\mathrm{segsum}(\\Delta A))$ is the decay mask of SSD."
-    T = a.shape[-1]
-    below = torch.ones(T, T, dtype=torch.bool, device=a.device).tril(-1)
-    x = a[..., :, None].expand(*a.shape, T).masked_fill(~below, 0)  # x[t, s] = a_t for t > s
+    Q = a.shape[-1]
+    below = torch.ones(Q, Q, dtype=torch.bool, device=a.device).tril(-1)
+    x = a[..., :, None].expand(*a.shape, Q).masked_fill(~below, 0)  # x[t, s] = a_t for t > s
     out = torch.cumsum(x, -2)  # out[t, s] = sum_{s<r<=t} a_r
-    return out.masked_fill(~below.logical_or(torch.eye(T, dtype=torch.bool, device=a.device)), -math.inf)
+    return out.masked_fill(~below.logical_or(torch.eye(Q, dtype=torch.bool, device=a.device)), -math.inf)
 
 # %% ../nbs/09_ssd.ipynb #4a9dc4b0
 @full_precision
@@ -77,11 +77,11 @@ def ssd_quadratic(
     A:Tensor|None, # (h,); None when `log_decay` is given
     B:Tensor, # (b, l, g, n)
     C:Tensor, # (b, l, g, n)
-    chunk_size:int=64, # unused: one block of length l
+    chunk_size:int=64, # unused (one block of length l): kept so that the three forms share one signature
     D:Tensor|None=None, # feedthrough, (h,)
     initial_states:Tensor|None=None, # $H_{-1}$, (b, h, p, n)
     return_final_states:bool=False, # also return $H_{l-1}$
-    backend:str="auto", # the quadratic form always runs in PyTorch
+    backend:str="auto", # checked, kept for the shared signature; the quadratic form always runs in PyTorch
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$
 ): # y (b, l, h, p), or (y, final states)
     "The dual attention form $y = (L \\circ C B^\\top)(\\Delta x)$ with the decay mask $L = \\exp(\\mathrm{segsum}(\\Delta A))$: $O(l^2)$; in float32 (float64 for float64 inputs) whatever the caller's autocast."
