@@ -6,8 +6,8 @@ Docs: https://ssm-course.github.io/ssm_course/engine/checks.html.md"""
 
 # %% auto #0
 __all__ = ['BACKENDS', 'check_tensor', 'check_square', 'check_last_dim', 'check_choice', 'broadcast_shapes', 'broadcast_batch',
-           'common_dtype', 'check_size', 'values_hidden', 'check_positive', 'float_dtype', 'triton_available',
-           'resolve_backend', 'compute_dtype', 'real_dtype', 'to_precision', 'full_precision']
+           'common_dtype', 'check_size', 'values_hidden', 'check_positive', 'float_dtype', 'check_same_device',
+           'triton_available', 'resolve_backend', 'compute_dtype', 'real_dtype', 'to_precision', 'full_precision']
 
 # %% ../nbs/engine/checks.ipynb #d6fb1f77
 import itertools, numbers
@@ -136,6 +136,19 @@ def float_dtype(
     "`common_dtype` of `xs`, with integer and bool tensors promoted to the default float dtype, so integer inputs never truncate."
     dtype = common_dtype(*xs)
     return dtype if dtype.is_floating_point or dtype.is_complex else torch.promote_types(dtype, torch.get_default_dtype())
+
+# %% ../nbs/engine/checks.ipynb #66cdfa93
+def check_same_device(
+    **tensors, # each argument's name and its value; `None` and values that are not tensors are skipped
+)->torch.device|None: # the common device, None if no tensor was checked
+    "Check that the tensors given are on one device (0-d CPU tensors, numbers to PyTorch, excepted): a `ValueError` naming an argument, its device, the first argument's and how to move it."
+    ref = dev = None
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor) or (t.ndim == 0 and t.device.type == "cpu"): continue
+        if dev is None: ref, dev = name, t.device
+        elif t.device != dev:
+            raise ValueError(f"{name} is on device {t.device} but {ref} is on {dev}: all tensors of one call must be on one device (move {name} with .to({str(dev)!r}))")
+    return dev
 
 # %% ../nbs/engine/checks.ipynb #c3a43793
 import os, importlib.util

@@ -234,7 +234,7 @@ def dss_kernel(
     return (fwd + bwd).real.to(real_dtype(out))
 
 # %% ../nbs/engine/conv.ipynb #1c07f39f
-from .checks import (check_tensor, check_last_dim, check_size, broadcast_batch, float_dtype, compute_dtype, values_hidden, resolve_backend,
+from .checks import (check_tensor, check_last_dim, check_size, check_same_device, broadcast_batch, float_dtype, compute_dtype, values_hidden, resolve_backend,
                                full_precision)
 from ._engine.conv import _causal_impl, _CausalConv, _transformed, _Cauchy
 
@@ -252,7 +252,7 @@ def causal_conv(
     L = u.shape[-1]
     if L == 0: raise ValueError(f"u must have at least one time step, got shape {tuple(u.shape)}")
     if K.shape[-1] == 0: raise ValueError(f"K must have at least one tap, got shape {tuple(K.shape)}")
-    if u.device != K.device: raise ValueError(f"u and K must be on the same device, got u on {u.device} and K on {K.device}")
+    check_same_device(u=u, K=K)
     batch = broadcast_batch(u=u.shape[:-1], K=K.shape[:-1])
     out, work = float_dtype(u, K), compute_dtype(u, K)  # integers give floats; half precision runs in float32
     u, K = u.to(work), K[..., :L].to(work)
@@ -279,6 +279,7 @@ def cauchy(
     v = check_last_dim(v, "v", lam.shape[-1])
     if v.ndim < 2: raise ValueError(f"v must have shape (..., M, N), got shape {tuple(v.shape)}")
     chunk = check_size(chunk, "chunk")
+    check_same_device(v=v, g=g, lam=lam, skip=skip)
     if skip is not None:
         check_last_dim(check_tensor(skip, "skip"), "skip", g.shape[-1], "Z")  # one pole index per point
         if skip.is_floating_point() or skip.is_complex() or skip.dtype == torch.bool:
@@ -311,6 +312,7 @@ def ssm_kernel_diag(
     the Triton path is differentiable once."""
     N = check_tensor(dA, "dA", min_ndim=1).shape[-1]
     check_last_dim(dB, "dB", N); check_last_dim(C, "C", N)
+    check_same_device(dA=dA, dB=dB, C=C)
     L = check_size(L, "L")
     if block is not None: block = check_size(block, "block")
     if not isinstance(log, bool): raise TypeError(f"log must be True or False, got {log!r}")

@@ -11,9 +11,9 @@ __all__ = ['DENSE_METHODS', 'DIAG_METHODS', 'discretize', 'expm1', 'phi1', 'disc
 import math
 import torch
 from torch import Tensor
-from .checks import broadcast_shapes, check_tensor, check_square, check_last_dim, check_choice, broadcast_batch, float_dtype, compute_dtype, to_precision, full_precision
+from .checks import broadcast_shapes, check_tensor, check_square, check_choice, broadcast_batch, float_dtype, compute_dtype, to_precision, full_precision
 from .ssm import matrix_exp
-from ._engine.discretize import _check_dt, _check_alpha, _check_B, _singular, _zero_denominator
+from ._engine.discretize import _check_dt, _check_alpha, _check_B, _check_diag, _singular, _zero_denominator
 
 # %% ../nbs/02_discretize.ipynb #84814252
 DENSE_METHODS = {"zoh", "bilinear", "euler", "backward_euler", "gbt"}
@@ -102,13 +102,12 @@ def discretize_diag(
     alpha:float|None=None, # only for "gbt"
 )->tuple[Tensor, Tensor]: # (dA (..., N), dB (..., N))
     "Discretize the diagonal SSM $x' = \\mathrm{diag}(\\Lambda)x + Bu$ elementwise: `dA` is real when `Lambda` is, `dB` complex when either is."
-    N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
-    check_last_dim(B, "B", N)
+    N = _check_diag(Lambda, B)  # (..., N) each
     method = check_choice(method, "method", DIAG_METHODS)
     alpha = _ALPHA.get(method, _check_alpha(method, alpha))
     out, cd = float_dtype(Lambda, B), compute_dtype(Lambda, B)  # integers become float; half precision is computed in float32
     Lambda, B = to_precision(Lambda, cd), to_precision(B, cd)
-    dt = _check_dt(dt, Lambda, broadcast_batch(Lambda=Lambda.shape[:-1], B=B.shape[:-1]))[..., None]  # (..., 1)
+    dt = _check_dt(dt, Lambda, broadcast_batch(Lambda=Lambda.shape[:-1], B=B.shape[:-1]), like_name="Lambda")[..., None]  # (..., 1)
     z = dt * Lambda
     if method in ("zoh", "zoh_euler"):
         dA = torch.exp(z)

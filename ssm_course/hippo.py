@@ -99,7 +99,7 @@ def hippo_project(
     u = _check_samples(u)
     out, cd = float_dtype(u), compute_dtype(u)
     u = u.to(cd)  # integers become float; half precision is computed in float32
-    dt = _check_dt(dt, u, u.shape[:-1])  # real, positive, finite, on u's device; its shape broadcasts with u's batch
+    dt = _check_dt(dt, u, u.shape[:-1], like_name="u")  # real, positive, finite, on u's device; its shape broadcasts with u's batch
     A, B = (m.to(u.device) for m in hippo(measure, N, real_dtype(cd)))
     L = u.shape[-1]
     ubar = (torch.cat([torch.zeros_like(u[..., :1]), u[..., :-1]], -1) + u) / 2  # trapezoid: (u_{k-1} + u_k)/2

@@ -38,3 +38,15 @@ def test_values_hidden_under_vmap():
     assert seen == [True, True, False] and not values_hidden(torch.ones(2))
     out = vmap(lambda d: check_positive(d, "dt") + 0)(torch.tensor([-1.0, 2.0]))  # skipped, as under torch.compile
     assert out.tolist() == [-1.0, 2.0]
+
+
+def test_check_same_device():
+    "Issue 25 follow-up 4: the shared device check names the moved argument, the first one and both devices; None, numbers and 0-d CPU tensors pass."
+    import pytest
+    from ssm_course.checks import check_same_device
+    assert check_same_device(a=torch.ones(2), b=None, c=0.5, d=torch.ones(3)) == torch.device("cpu")
+    assert check_same_device(dt=torch.tensor(0.1), A=torch.ones(2, device="meta")) == torch.device("meta")
+    assert check_same_device() is None and check_same_device(dt=torch.tensor(0.1)) is None
+    with pytest.raises(ValueError, match=r"c is on device meta but a is on cpu: all tensors of one call must be on one device \(move c with .to\('cpu'\)\)"):
+        check_same_device(a=torch.ones(2), b=torch.ones(2), c=torch.ones(2, device="meta"))
+    with pytest.raises(ValueError, match=r"dt is on device meta but a is on cpu"): check_same_device(a=torch.ones(2), dt=torch.tensor(0.1, device="meta"))

@@ -651,7 +651,7 @@ def test_causal_conv_compiled_is_causal(dtype):
 def test_causal_conv_devices():
     "Issue 25 item 22: tensors on different devices are refused at the boundary, naming u and K (was a raw device error)."
     for u, K in [(torch.ones(5, device="meta"), torch.ones(5)), (torch.ones(2, 5), torch.ones(5, device="meta"))]:
-        with pytest.raises(ValueError, match=r"u and K must be on the same device, got u on (meta|cpu) and K on (cpu|meta)"):
+        with pytest.raises(ValueError, match=r"K is on device (meta|cpu) but u is on (cpu|meta)"):
             causal_conv(u, K)
     y = causal_conv(torch.ones(2, 3, 50, device="meta"), torch.ones(3, 40, device="meta", dtype=torch.float64))  # shapes only
     assert y.shape == (2, 3, 50) and y.dtype == torch.float64 and y.device.type == "meta"
@@ -819,3 +819,37 @@ def test_vmap_over_dt_equals_the_loop():
     for name, f in calls.items():
         loop = torch.stack([f(d) for d in dts])
         torch.testing.assert_close(vmap(f)(dts), loop, rtol=1e-12, atol=1e-12 * loop.abs().max().item(), msg=name)
+
+
+def _mixed_device_cases():
+    "(op name, call, the arguments): every op of ssm_course.conv with tensors, each tensor argument to be moved to the meta device."
+    c = torch.complex64
+    Lam, P, B, _ = (x.to(c) for x in dplr("legs", 4))
+    A3, B3 = torch.eye(3) * 0.5, torch.ones(3)
+    return [("ssm_kernel_diag", lambda dA, dB, C: ssm_kernel_diag(dA, dB, C, 5), dict(dA=torch.rand(3), dB=torch.rand(3), C=torch.rand(3))),
+            ("ssm_kernel_diag log", lambda dA, dB, C: ssm_kernel_diag(dA, dB, C, 5, log=True), dict(dA=-torch.rand(3), dB=torch.rand(3), C=torch.rand(3))),
+            ("cauchy", lambda v, g, lam, skip: cauchy(v, g, lam, skip=skip),
+             dict(v=torch.ones(1, 3, dtype=c), g=torch.ones(4, dtype=c), lam=torch.ones(3, dtype=c), skip=torch.zeros(4, dtype=torch.long))),
+            ("ssm_kernel", lambda Ad, Bd, C: ssm_kernel(Ad, Bd, C, 5), dict(Ad=A3, Bd=B3, C=B3)),
+            ("krylov", lambda Ad, v: krylov(Ad, v, 5), dict(Ad=A3, v=B3)),
+            ("ssm_recurrence", lambda Ad, Bd, C, u, x0: ssm_recurrence(Ad, Bd, C, u, x0), dict(Ad=A3, Bd=B3, C=B3, u=torch.ones(5), x0=torch.zeros(3))),
+            ("ssm_kernel_dplr", lambda Lambda, P, B, C, dt: ssm_kernel_dplr(Lambda, P, B, C, dt, 8), dict(Lambda=Lam, P=P, B=B, C=B, dt=torch.tensor([0.1]))),
+            ("dss_kernel", lambda Lambda, W, dt: dss_kernel(Lambda, W, dt, 8), dict(Lambda=Lam, W=B, dt=torch.tensor([0.1]))),
+            ("causal_conv", lambda u, K: causal_conv(u, K), dict(u=torch.randn(8), K=torch.randn(8)))]
+
+
+@pytest.mark.parametrize("op", [name for name, _, _ in _mixed_device_cases()])
+def test_mixed_devices_are_refused_by_name(op):
+    """Issue 25 follow-up 4: one argument on another device (meta here) raised a raw 'Tensor on device meta is not on the expected
+    device cpu' from inside an operation, 'Cannot copy out of meta tensor' for dt, or silently returned a meta (ssm_kernel with C on
+    meta: a CPU) result; now a ValueError naming the moved argument, the first argument and both devices. A 0-d CPU dt is a number."""
+    _, f, args = next(case for case in _mixed_device_cases() if case[0] == op)
+    first = next(iter(args))
+    for name in args:
+        moved = {k: (v.to("meta") if k == name else v) for k, v in args.items()}
+        other = next(k for k in args if k != name) if name == first else first
+        pattern = (rf"{other} is on device cpu but {name} is on meta" if name == first else rf"{name} is on device meta but {first} is on cpu")
+        with pytest.raises(ValueError, match=pattern + ": all tensors of one call must be on one device"): f(**moved)
+    if "dt" in args:  # a 0-d CPU step goes with any device, like a Python float
+        y = f(**{k: (v.to("meta") if k != "dt" else v[0]) for k, v in args.items()})
+        assert y.device.type == "meta"

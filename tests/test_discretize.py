@@ -323,3 +323,20 @@ def test_vmap_over_dt_equals_the_loop():
     loss = lambda d: discretize(A, B, d)[1].sum()
     want = torch.stack([torch.autograd.grad(loss(x := d.clone().requires_grad_()), x)[0] for d in dts])
     torch.testing.assert_close(vmap(grad(loss))(dts), want, rtol=1e-13, atol=1e-15)
+
+
+def test_mixed_devices_are_refused_by_name():
+    "Issue 25 follow-up 4: B or dt on another device (meta here) raised 'Tensor on device meta is not on the expected device cpu' or "
+    "'Cannot copy out of meta tensor'; now a ValueError naming both arguments and devices. A 0-d CPU dt is a number (goes anywhere)."
+    A, B, _, _ = random_ssm(3)
+    Lam = -torch.rand(3, dtype=torch.float64)
+    for method in ("zoh", "bilinear"):
+        with pytest.raises(ValueError, match=r"B is on device meta but A is on cpu: all tensors of one call must be on one device \(move B with .to\('cpu'\)\)"):
+            discretize(A, B.to("meta"), 0.1, method)
+        with pytest.raises(ValueError, match=r"B is on device cpu but A is on meta"): discretize(A.to("meta"), B, 0.1, method)
+        with pytest.raises(ValueError, match=r"dt is on device meta but A is on cpu"): discretize(A, B, torch.tensor([0.1], device="meta"), method)
+        with pytest.raises(ValueError, match=r"dt is on device meta but A is on cpu"): discretize(A, B, torch.tensor(0.1, device="meta"), method)
+        with pytest.raises(ValueError, match=r"B is on device meta but Lambda is on cpu"): discretize_diag(Lam, B.to("meta"), 0.1, method)
+        with pytest.raises(ValueError, match=r"dt is on device meta but Lambda is on cpu"): discretize_diag(Lam, B, torch.tensor(0.1, device="meta"), method)
+        assert discretize(A.to("meta"), B.to("meta"), torch.tensor(0.1), method)[0].device.type == "meta"  # a 0-d CPU dt: a number
+        assert discretize_diag(Lam.to("meta"), B.to("meta"), torch.tensor(0.1), method)[0].device.type == "meta"

@@ -183,3 +183,10 @@ def test_ops_ignore_autocast():
             ref = f()
             with torch.autocast("cpu", torch.bfloat16): y = f()
             assert y.dtype == ref.dtype and torch.equal(y, ref), (measure, name)
+
+
+def test_hippo_project_dt_on_another_device():
+    "Issue 25 follow-up 4: a dt tensor on another device than u raised 'Cannot copy out of meta tensor'; now a ValueError naming both."
+    with pytest.raises(ValueError, match=r"dt is on device meta but u is on cpu"):
+        hippo_project("legt", torch.randn(20), 4, torch.tensor(0.01, device="meta"))
+    assert hippo_project("legt", torch.randn(20, device="meta"), 4, torch.tensor(0.01)).device.type == "meta"  # a 0-d CPU dt: a number

@@ -246,6 +246,8 @@ BAD = [
     (lambda: dplr_bilinear_step(_L, _P, _B, -0.1, _X, _U), ValueError, "dt must be positive"),
     (lambda: dplr_bilinear_step(_L, _P, _B, 0.1, _X, _U.to(torch.complex64)), TypeError, "u must be real"),
     (lambda: dplr_bilinear_step(_L, _P, _B, 0.1, _X, torch.zeros(3)), ValueError, "batch dimensions do not broadcast"),
+    (lambda: dplr_bilinear_step(_L, _P, _B, 0.1, _X.to("meta"), _U), ValueError, r"x is on device meta but Lambda is on cpu"),  # follow-up 4: was a raw device error
+    (lambda: dplr_bilinear_step(_L, _P, _B, torch.tensor([0.1], device="meta"), _X, _U), ValueError, r"dt is on device meta but Lambda is on cpu"),
     (lambda: S4D(4)(torch.randn(2, 5)), ValueError, "x must have 3 dimension"),
     (lambda: S4D(4)(torch.randn(2, 5, 3)), ValueError, "d_model=4"),
     (lambda: S4D(4)(torch.randint(0, 3, (2, 5, 4))), TypeError, "x must be a real floating-point"),

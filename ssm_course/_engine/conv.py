@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 from ..checks import (broadcast_shapes, check_tensor, check_square, check_last_dim, check_size, check_choice, broadcast_batch,
-                               float_dtype, compute_dtype, real_dtype, to_precision, values_hidden)
+                               check_same_device, float_dtype, compute_dtype, real_dtype, to_precision, values_hidden)
 from ..discretize import _check_dt
 
 # %% ../../nbs/engine/conv.ipynb #9ac0153a
@@ -407,6 +407,7 @@ def _check_recurrence(Ad, Bd, C, u, x0):
     u = check_tensor(u, "u", min_ndim=1)
     if u.shape[-1] == 0: raise ValueError(f"u must have at least one time step, got shape {tuple(u.shape)}")
     xs = [Ad, Bd, C, u] + ([check_last_dim(x0, "x0", N)] if x0 is not None else [])
+    check_same_device(Ad=Ad, Bd=Bd, C=C, u=u, x0=x0)
     out, work = float_dtype(*xs), compute_dtype(*xs)  # integers give floats; half precision runs in float32
     batch = broadcast_batch(Ad=Ad.shape[:-2], Bd=Bd.shape[:-1], C=C.shape[:-1], u=u.shape[:-1], **({"x0": x0.shape[:-1]} if x0 is not None else {}))
     Ad, Bd, C, u = (t.to(work) for t in (Ad, Bd, C, u))
@@ -416,6 +417,7 @@ def _check_krylov(Ad, v, L):
     "`krylov`'s arguments checked: (Ad, v broadcast to the batch, both in their compute dtype; L; the result dtype)."
     N = check_square(Ad, "Ad")
     check_last_dim(v, "v", N)
+    check_same_device(Ad=Ad, v=v)
     L = check_size(L, "L")
     batch = broadcast_batch(Ad=Ad.shape[:-2], v=v.shape[:-1])
     out, work = float_dtype(Ad, v), compute_dtype(Ad, v)  # integers give floats; half precision runs in float32
@@ -426,6 +428,7 @@ def _check_kernel(Ad, Bd, C, L):
     N = check_square(Ad, "Ad")
     check_last_dim(Bd, "Bd", N)
     check_last_dim(C, "C", N)
+    check_same_device(Ad=Ad, Bd=Bd, C=C)
     L = check_size(L, "L")
     broadcast_batch(Ad=Ad.shape[:-2], Bd=Bd.shape[:-1], C=C.shape[:-1])
     out, work = float_dtype(Ad, Bd, C), compute_dtype(Ad, Bd, C)
@@ -440,10 +443,11 @@ def _check_dplr(Lambda, P, B, C, dt, L, chunk):
         raise ValueError(f"P must have shape (..., r, N), with its rank axis r: at least one dimension more than Lambda {tuple(Lambda.shape)}, "
                          f"got P of shape {tuple(P.shape)}; for rank 1 write P[..., None, :], for one rank-r factor shared by the channels P[None]")
     check_last_dim(B, "B", N); check_last_dim(C, "C", N)
+    check_same_device(Lambda=Lambda, P=P, B=B, C=C)
     L, chunk = check_size(L, "L"), check_size(chunk, "chunk")
     out = float_dtype(Lambda, P, B, C)
     ctype = torch.complex128 if real_dtype(out) == torch.float64 else torch.complex64  # half precision runs in complex64
-    dt = _check_dt(dt, Lambda, ())
+    dt = _check_dt(dt, Lambda, (), like_name="Lambda")
     batch = broadcast_batch(Lambda=Lambda.shape[:-1], P=P.shape[:-2], B=B.shape[:-1], C=C.shape[:-1], dt=dt.shape)
     Lambda, B, C = (x.to(ctype).expand(*batch, N) for x in (Lambda, B, C))
     P, dt = P.to(ctype).expand(*batch, *P.shape[-2:]), dt.to(real_dtype(ctype)).expand(batch)[..., None]
@@ -459,10 +463,11 @@ def _check_dss(Lambda, W, dt, L, kind):
     check_choice(kind, "kind", {"exp", "softmax"})
     N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
     check_last_dim(W, "W", N)
+    check_same_device(Lambda=Lambda, W=W)
     L = check_size(L, "L")
     out = float_dtype(Lambda, W)
     ctype = torch.complex128 if real_dtype(out) == torch.float64 else torch.complex64
-    dt = _check_dt(dt, Lambda, ())
+    dt = _check_dt(dt, Lambda, (), like_name="Lambda")
     broadcast_batch(Lambda=Lambda.shape[:-1], W=W.shape[:-1], dt=dt.shape)
     Lambda, W, dt = Lambda.to(ctype), W.to(ctype), dt.to(real_dtype(ctype))[..., None]
     if kind == "softmax" and not values_hidden(Lambda) and bool((Lambda == 0).any()):

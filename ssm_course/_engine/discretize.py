@@ -11,7 +11,7 @@ __all__ = []
 import numbers
 import torch
 from torch import Tensor
-from ..checks import broadcast_shapes, check_tensor, check_positive, float_dtype, real_dtype, values_hidden
+from ..checks import broadcast_shapes, check_tensor, check_last_dim, check_positive, check_same_device, float_dtype, real_dtype, values_hidden
 
 # %% ../../nbs/engine/discretize.ipynb #5334e48e
 def _check_dt(
@@ -19,9 +19,11 @@ def _check_dt(
     like:Tensor, # the tensor whose device and (real) precision `dt` takes; integer dtypes count as float
     batch_shape:tuple, # the batch shape `dt` must broadcast with
     name:str="dt", # the argument's name, quoted in the error
+    like_name:str="A", # `like`'s name, quoted in a device error
 )->Tensor:
     "`dt` as a real tensor of `like`'s precision and device, checked positive and finite (unless values are hidden), broadcastable with `batch_shape`."
-    check_positive(dt, name)  # TypeError for complex or bool, ValueError for <= 0 or NaN; skipped on meta tensors and under torch.compile
+    check_positive(dt, name)  # TypeError for complex or bool, ValueError for <= 0 or NaN; skipped on meta tensors, under vmap and torch.compile
+    check_same_device(**{like_name: like, name: dt})  # a 0-d CPU tensor is a number: it moves like a float
     real = real_dtype(float_dtype(like))
     if not isinstance(dt, Tensor): dt = torch.tensor(dt, dtype=real, device=like.device)  # a Python float keeps its 64 bits
     dt = dt.to(device=like.device, dtype=real)
@@ -52,6 +54,7 @@ def _check_B(
 )->bool: # whether `B` holds input vectors
     "Whether `B` holds input vectors (..., N) (fewer dimensions than `A`) rather than input matrices (..., N, M); a `ValueError` that shows how to write the other layout when `B` fits neither."
     vector = check_tensor(B, "B", min_ndim=1).ndim < A.ndim
+    check_same_device(A=A, B=B)
     if vector and B.shape[-1] != N:
         other = f"; for input matrices (..., N, M), give B as many dimensions as A: B[{'None, ' * (A.ndim - B.ndim)}...]" if B.ndim >= 2 and B.shape[-2] == N else ""
         raise ValueError(f"B has fewer dimensions than A {tuple(A.shape)}, so it is read as input vectors (..., N) with N={N}, got shape {tuple(B.shape)}{other}")
@@ -59,6 +62,17 @@ def _check_B(
         other = f"; for input vectors (..., N) with a shared A, give A batch axes so that B has fewer dimensions: discretize(A[{'None, ' * (B.ndim - A.ndim + 1)}...], B, dt)" if B.shape[-1] == N else ""
         raise ValueError(f"B has as many dimensions as A {tuple(A.shape)} or more, so it is read as input matrices (..., N, M) with N={N}, got shape {tuple(B.shape)}{other}")
     return vector
+
+# %% ../../nbs/engine/discretize.ipynb #8563e8ed
+def _check_diag(
+    Lambda, # the `Lambda` argument, (..., N)
+    B, # the `B` argument, (..., N)
+)->int: # N
+    "`discretize_diag`'s eigenvalues and input vector: tensors with a last dimension N, on one device; return N."
+    N = check_tensor(Lambda, "Lambda", min_ndim=1).shape[-1]
+    check_last_dim(B, "B", N)
+    check_same_device(Lambda=Lambda, B=B)
+    return N
 
 # %% ../../nbs/engine/discretize.ipynb #bfce566b
 def _singular(

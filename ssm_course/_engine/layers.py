@@ -11,7 +11,7 @@ __all__ = []
 import contextlib, math, numbers
 import torch
 from torch import nn
-from ..checks import check_tensor, check_choice, check_size, check_last_dim, broadcast_batch, compute_dtype, values_hidden
+from ..checks import check_tensor, check_choice, check_size, check_last_dim, check_same_device, broadcast_batch, compute_dtype, values_hidden
 from ..discretize import _check_dt
 
 # %% ../../nbs/engine/layers.ipynb #bc70c103
@@ -100,10 +100,11 @@ def _check_dplr_step(Lambda, P, B, dt, x, u):
     if P.ndim <= Lambda.ndim:  # the rank axis is never guessed from sizes: P's last two axes are always (r, N), as in ssm_kernel_dplr
         raise ValueError(f"P must have shape (..., r, N), with its rank axis r: at least one dimension more than Lambda {tuple(Lambda.shape)}, "
                          f"got P of shape {tuple(P.shape)}; for rank 1 write P[..., None, :], for one rank-r factor shared by the channels P[None]")
+    check_same_device(Lambda=Lambda, P=P, B=B, x=x, u=u)
     batch = broadcast_batch(Lambda=Lambda.shape[:-1], P=P.shape[:-2], B=B.shape[:-1], x=x.shape[:-1], u=u.shape)
     ctype = torch.promote_types(compute_dtype(Lambda, P, B, x, u), torch.complex64)
     Lambda, P, B, x = (t.to(ctype) for t in (Lambda, P, B, x))
-    return Lambda, P, B, _check_dt(dt, Lambda, batch), x, u.to(Lambda.real.dtype)
+    return Lambda, P, B, _check_dt(dt, Lambda, batch, like_name="Lambda"), x, u.to(Lambda.real.dtype)
 
 # %% ../../nbs/engine/layers.ipynb #7f44e946
 def _check_real(value, name):
