@@ -168,7 +168,7 @@ def _sel_load(u_ptr, delta_ptr, bias_ptr, z_ptr, row, dd, md, t, L, HAS_BIAS: tl
     raw = tl.load(delta_ptr + off, mask=m, other=0.0).to(tl.float32)
     if HAS_BIAS: raw += tl.load(bias_ptr + dd, mask=md, other=0.0).to(tl.float32)[:, None]
     dt = raw
-    if SOFTPLUS:  # F.softplus, log(1 + e^x): as log(w) e^x / (w - 1) with w = 1 + e^x, accurate also where 1 + e^x rounds (Goldberg 1991); x above 20
+    if SOFTPLUS:  # F.softplus, log(1 + e^r) of r = raw: as log(w) e^r / (w - 1) with w = 1 + e^r, accurate also where 1 + e^r rounds (Goldberg 1991); r above 20
         e = tl.exp(tl.minimum(raw, 20.0))
         w = 1 + e
         dt = tl.where(raw > 20.0, raw, tl.where(w == 1, e, tl.log(w) * e / tl.where(w == 1, 1.0, w - 1)))
@@ -282,70 +282,6 @@ def _selective_bwd_kernel(u_ptr, delta_ptr, bias_ptr, A_ptr, B_ptr, C_ptr, D_ptr
     if C_FIXED: tl.store(dC_ptr + out, gCf, mask=m2)
     if HAS_D: tl.store(dD_ptr + row, gD, mask=md)
     if HAS_BIAS: tl.store(dbias_ptr + row, gbias, mask=md)
-
-# %% ../nbs/11b_triton_selective.ipynb #87de3d76
-def _sel_layout(X, d):
-    "B or C in any layout of the API: (fixed, channels per group, strides over (b, g, n, l))."
-    if X.dim() == 2: return True, 1, (0, X.stride(0), X.stride(1), 0)  # (d, n): a row per channel, no time axis
-    if X.dim() == 3: return False, d, (X.stride(0), 0, X.stride(1), X.stride(2))  # (b, n, l): one group
-    return False, d // X.shape[1], (X.stride(0), X.stride(1), X.stride(2), X.stride(3))  # (b, g, n, l)
-
-def _sel_fwd(u, delta, A, B, C, D, z, bias, x0, softplus, chunk):
-    "y, the last state, the states entering each chunk (b, d, chunks, n) and the chunk length used."
-    bsz, d, L = u.shape
-    N = A.shape[1]
-    lays = [_sel_layout(B, d), _sel_layout(C, d)]
-    BD, BT, nw = _sel_config(d, lays)
-    CH = _sel_chunk(d, B, C, chunk)
-    nch = triton.cdiv(L, CH)
-    y, last = torch.empty(bsz, d, L, dtype=torch.float32, device=u.device), torch.empty(bsz, d, N, dtype=torch.float32, device=u.device)
-    xs = torch.empty(bsz, d, nch, N, dtype=torch.float32, device=u.device)
-    _selective_fwd_kernel[(bsz * triton.cdiv(d, BD), 1)](
-        u, delta, bias if bias is not None else u, A, B, C, D if D is not None else u, z if z is not None else u,
-        x0 if x0 is not None else u, y, xs, last, d, L, N, L, CH, 1, nch, lays[0][1], *lays[0][2], lays[1][1], *lays[1][2],
-        HAS_X0=x0 is not None, HAS_BIAS=bias is not None, SOFTPLUS=softplus, HAS_D=D is not None, HAS_Z=z is not None,
-        B_FIXED=lays[0][0], C_FIXED=lays[1][0], OUTPUT=True, BLOCK_D=BD, BLOCK_T=BT, BLOCK_N=max(2, triton.next_power_of_2(N)), num_warps=nw, num_stages=3, maxnreg=128)
-    return y, last, xs, CH
-
-def _sel_block_states(u, delta, A, B, bias, xs, softplus, CH):
-    "The states entering every block (b, d, blocks, n), recomputed from the chunk states with one program per (channel block, chunk)."
-    bsz, d, L = u.shape
-    N, nch = A.shape[1], xs.shape[2]
-    lay = _sel_layout(B, d)
-    BD, BT, nw = _sel_config(d, [lay])
-    if CH == BT: return xs  # a chunk is one block: the forward stored them all
-    nblk = triton.cdiv(L, BT)
-    xb = torch.empty(bsz, d, nblk, N, dtype=torch.float32, device=u.device)
-    _selective_fwd_kernel[(bsz * triton.cdiv(d, BD), nch)](
-        u, delta, bias if bias is not None else u, A, B, B, u, u, xs, u, xb, u, d, L, N, CH, BT, nch, nblk, lay[1], *lay[2], lay[1], *lay[2],
-        HAS_X0=True, HAS_BIAS=bias is not None, SOFTPLUS=softplus, HAS_D=False, HAS_Z=False, B_FIXED=lay[0], C_FIXED=lay[0], OUTPUT=False,
-        BLOCK_D=BD, BLOCK_T=BT, BLOCK_N=max(2, triton.next_power_of_2(N)), num_warps=nw, num_stages=3, maxnreg=128)
-    return xb
-
-# %% ../nbs/11b_triton_selective.ipynb #071838e1
-def _sel_bwd(u, delta, A, B, C, D, z, bias, xs, gy, glast, softplus, CH):
-    "The gradients of (u, delta, A, B, C, D, z, bias, x0) for the gradients gy of y and glast of the last state (or None), from the chunk states xs of the forward."
-    (bsz, d, L), N = u.shape, A.shape[1]
-    lays = [_sel_layout(B, d), _sel_layout(C, d)]
-    BD, BT, nw = _sel_config(d, lays, backward=True)
-    nbd = triton.cdiv(d, BD)
-    xb = _sel_block_states(u, delta, A, B, bias, xs, softplus, CH)
-    f32 = dict(dtype=torch.float32, device=u.device)
-    du, ddelta, dz = torch.empty(bsz, d, L, **f32), torch.empty(bsz, d, L, **f32), (torch.empty(bsz, d, L, **f32) if z is not None else None)
-    dA, dx0, dD, dbias = torch.empty(bsz, d, N, **f32), torch.empty(bsz, d, N, **f32), torch.empty(bsz, d, **f32), torch.empty(bsz, d, **f32)
-    dBp, dCp = (torch.empty(bsz, d, N, **f32) if fixed else torch.empty(bsz, nbd, N, L, **f32) for fixed, _, _ in lays)
-    _selective_bwd_kernel[(bsz * nbd,)](
-        u, delta, bias if bias is not None else u, A, B, C, D if D is not None else u, z if z is not None else u, xb,
-        gy.contiguous(), glast.contiguous() if glast is not None else u, du, ddelta, dz if dz is not None else du, dA, dBp, dCp, dD, dbias, dx0,
-        d, L, N, xb.shape[2], lays[0][1], *lays[0][2], lays[1][1], *lays[1][2],
-        HAS_GLAST=glast is not None, HAS_BIAS=bias is not None, SOFTPLUS=softplus, HAS_D=D is not None, HAS_Z=z is not None,
-        B_FIXED=lays[0][0], C_FIXED=lays[1][0], BLOCK_D=BD, BLOCK_T=BT, BLOCK_N=max(2, triton.next_power_of_2(N)), num_warps=nw, num_stages=3)
-    def total(part, X):  # the partial sums of dB or dC, in X's layout
-        if X.dim() == 2: return part.sum(0)
-        if X.dim() == 3: return part.sum(1)
-        return part.unflatten(1, (X.shape[1], -1)).sum(2)
-    return (du, ddelta, dA.sum(0), total(dBp, B), total(dCp, C), dD.sum(0) if D is not None else None, dz,
-            dbias.sum(0) if bias is not None else None, dx0)
 
 # %% ../nbs/11b_triton_selective.ipynb #697ecc71
 SELECTIVE_SHAPE = (8, 1536, 16, 4096)  # (b, d, n, l): B and C (b, n, l), softplus
@@ -759,6 +695,70 @@ def ssm_kernel_diag_triton(
     lam = dA.to(torch.complex128 if dA.dtype in doubles else torch.complex64)
     K = _KernelDiag.apply(lam.expand(shape).reshape(-1, shape[-1]), W, L, log).reshape(*shape[:-1], L)
     return K.real if real else K
+
+# %% ../nbs/engine/triton_ssm.ipynb #87de3d76
+def _sel_layout(X, d):
+    "B or C in any layout of the API: (fixed, channels per group, strides over (b, g, n, l))."
+    if X.dim() == 2: return True, 1, (0, X.stride(0), X.stride(1), 0)  # (d, n): a row per channel, no time axis
+    if X.dim() == 3: return False, d, (X.stride(0), 0, X.stride(1), X.stride(2))  # (b, n, l): one group
+    return False, d // X.shape[1], (X.stride(0), X.stride(1), X.stride(2), X.stride(3))  # (b, g, n, l)
+
+def _sel_fwd(u, delta, A, B, C, D, z, bias, x0, softplus, chunk):
+    "y, the last state, the states entering each chunk (b, d, chunks, n) and the chunk length used."
+    bsz, d, L = u.shape
+    N = A.shape[1]
+    lays = [_sel_layout(B, d), _sel_layout(C, d)]
+    BD, BT, nw = _sel_config(d, lays)
+    CH = _sel_chunk(d, B, C, chunk)
+    nch = triton.cdiv(L, CH)
+    y, last = torch.empty(bsz, d, L, dtype=torch.float32, device=u.device), torch.empty(bsz, d, N, dtype=torch.float32, device=u.device)
+    xs = torch.empty(bsz, d, nch, N, dtype=torch.float32, device=u.device)
+    _selective_fwd_kernel[(bsz * triton.cdiv(d, BD), 1)](
+        u, delta, bias if bias is not None else u, A, B, C, D if D is not None else u, z if z is not None else u,
+        x0 if x0 is not None else u, y, xs, last, d, L, N, L, CH, 1, nch, lays[0][1], *lays[0][2], lays[1][1], *lays[1][2],
+        HAS_X0=x0 is not None, HAS_BIAS=bias is not None, SOFTPLUS=softplus, HAS_D=D is not None, HAS_Z=z is not None,
+        B_FIXED=lays[0][0], C_FIXED=lays[1][0], OUTPUT=True, BLOCK_D=BD, BLOCK_T=BT, BLOCK_N=max(2, triton.next_power_of_2(N)), num_warps=nw, num_stages=3, maxnreg=128)
+    return y, last, xs, CH
+
+def _sel_block_states(u, delta, A, B, bias, xs, softplus, CH):
+    "The states entering every block (b, d, blocks, n), recomputed from the chunk states with one program per (channel block, chunk)."
+    bsz, d, L = u.shape
+    N, nch = A.shape[1], xs.shape[2]
+    lay = _sel_layout(B, d)
+    BD, BT, nw = _sel_config(d, [lay])
+    if CH == BT: return xs  # a chunk is one block: the forward stored them all
+    nblk = triton.cdiv(L, BT)
+    xb = torch.empty(bsz, d, nblk, N, dtype=torch.float32, device=u.device)
+    _selective_fwd_kernel[(bsz * triton.cdiv(d, BD), nch)](
+        u, delta, bias if bias is not None else u, A, B, B, u, u, xs, u, xb, u, d, L, N, CH, BT, nch, nblk, lay[1], *lay[2], lay[1], *lay[2],
+        HAS_X0=True, HAS_BIAS=bias is not None, SOFTPLUS=softplus, HAS_D=False, HAS_Z=False, B_FIXED=lay[0], C_FIXED=lay[0], OUTPUT=False,
+        BLOCK_D=BD, BLOCK_T=BT, BLOCK_N=max(2, triton.next_power_of_2(N)), num_warps=nw, num_stages=3, maxnreg=128)
+    return xb
+
+# %% ../nbs/engine/triton_ssm.ipynb #071838e1
+def _sel_bwd(u, delta, A, B, C, D, z, bias, xs, gy, glast, softplus, CH):
+    "The gradients of (u, delta, A, B, C, D, z, bias, x0) for the gradients gy of y and glast of the last state (or None), from the chunk states xs of the forward."
+    (bsz, d, L), N = u.shape, A.shape[1]
+    lays = [_sel_layout(B, d), _sel_layout(C, d)]
+    BD, BT, nw = _sel_config(d, lays, backward=True)
+    nbd = triton.cdiv(d, BD)
+    xb = _sel_block_states(u, delta, A, B, bias, xs, softplus, CH)
+    f32 = dict(dtype=torch.float32, device=u.device)
+    du, ddelta, dz = torch.empty(bsz, d, L, **f32), torch.empty(bsz, d, L, **f32), (torch.empty(bsz, d, L, **f32) if z is not None else None)
+    dA, dx0, dD, dbias = torch.empty(bsz, d, N, **f32), torch.empty(bsz, d, N, **f32), torch.empty(bsz, d, **f32), torch.empty(bsz, d, **f32)
+    dBp, dCp = (torch.empty(bsz, d, N, **f32) if fixed else torch.empty(bsz, nbd, N, L, **f32) for fixed, _, _ in lays)
+    _selective_bwd_kernel[(bsz * nbd,)](
+        u, delta, bias if bias is not None else u, A, B, C, D if D is not None else u, z if z is not None else u, xb,
+        gy.contiguous(), glast.contiguous() if glast is not None else u, du, ddelta, dz if dz is not None else du, dA, dBp, dCp, dD, dbias, dx0,
+        d, L, N, xb.shape[2], lays[0][1], *lays[0][2], lays[1][1], *lays[1][2],
+        HAS_GLAST=glast is not None, HAS_BIAS=bias is not None, SOFTPLUS=softplus, HAS_D=D is not None, HAS_Z=z is not None,
+        B_FIXED=lays[0][0], C_FIXED=lays[1][0], BLOCK_D=BD, BLOCK_T=BT, BLOCK_N=max(2, triton.next_power_of_2(N)), num_warps=nw, num_stages=3)
+    def total(part, X):  # the partial sums of dB or dC, in X's layout
+        if X.dim() == 2: return part.sum(0)
+        if X.dim() == 3: return part.sum(1)
+        return part.unflatten(1, (X.shape[1], -1)).sum(2)
+    return (du, ddelta, dA.sum(0), total(dBp, B), total(dCp, C), dD.sum(0) if D is not None else None, dz,
+            dbias.sum(0) if bias is not None else None, dx0)
 
 # %% ../nbs/engine/triton_ssm.ipynb #k2cd0011
 class _SelectiveTriton(torch.autograd.Function):

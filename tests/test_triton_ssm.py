@@ -454,7 +454,7 @@ def test_triton_mixed_devices_name_the_argument():
 # ---------------------------------------------------------------- issue 26: the ops are the lessons' launches
 
 def test_ops_equal_the_lessons_launches_bit_for_bit():
-    "Lessons 11a-11c launch the kernels directly (_kdiag_fwd/_kdiag_bwd, _sel_fwd/_sel_bwd, the four SSD launches); the engine's autograd ops must return exactly those results."
+    "The launches (lessons 11a and 11c: _kdiag_fwd/_kdiag_bwd, the four SSD launches; the engine's selective-scan launchers _sel_fwd/_sel_bwd) against the engine's autograd ops: they must return exactly the launches' results."
     from ssm_course.triton_ssm import _kdiag_fwd, _kdiag_bwd, _sel_fwd, _sel_bwd, _ssd_dA, _ssd_cb, _ssd_state, _ssd_out
     from ssm_course.triton_scan import scan_triton
     g = torch.Generator().manual_seed(26)
