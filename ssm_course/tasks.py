@@ -167,6 +167,13 @@ def _read_idx(path, ndim):
                          + (f" for shape {shape}" if shape is not None else " of header") + f", got {len(data)}")
     return np.frombuffer(data, dtype=np.uint8, offset=head).reshape(shape)
 
+def _check_labels(path, labels):
+    "Labels as an int64 array of classes 0..9 (both datasets have ten); a `ValueError` naming the file otherwise."
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "iu": raise ValueError(f"{path}: labels must be integers, got dtype {labels.dtype}")
+    if labels.min() < 0 or labels.max() > 9: raise ValueError(f"{path}: labels must be classes 0..9, got values from {labels.min()} to {labels.max()}")
+    return labels.astype(np.int64)
+
 def _find(root, names, what):
     "The first file under `root` whose name is one of `names`; `what` names the file in the error."
     for name in names:
@@ -190,7 +197,10 @@ def sequential_images(
         pre = "train" if split == "train" else "t10k"
         files = [_find(root, [f"{pre}-{kind}-idx{d}-ubyte.gz", f"{pre}-{kind}-idx{d}-ubyte"], f"MNIST {split} {kind}") for kind, d in (("images", 3), ("labels", 1))]
         imgs, labels = _read_idx(files[0], 3), _read_idx(files[1], 1)
+        if imgs.shape[1:] != (28, 28): raise ValueError(f"{files[0]}: images of {imgs.shape[1]} x {imgs.shape[2]} pixels, expected MNIST's 28 x 28")
+        if len(imgs) == 0: raise ValueError(f"{files[0]}: holds no images")
         if len(imgs) != len(labels): raise ValueError(f"{files[0]} holds {len(imgs)} images but {files[1]} holds {len(labels)} labels")
+        labels = _check_labels(files[1], labels)
         return torch.tensor(imgs.reshape(len(imgs), -1, 1) / 255.0, dtype=torch.float32), torch.tensor(labels, dtype=torch.long)
     xs, ys = [], []
     for f in [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]:
@@ -201,5 +211,8 @@ def sequential_images(
         except Exception as e: raise ValueError(f"{path}: not a CIFAR-10 batch ({type(e).__name__}: {e})") from None
         if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
             raise ValueError(f"{path}: expected data of shape (n, 3072) and n labels, got data {data.shape} and {len(labels)} labels")
-        xs.append(data.reshape(-1, 3, 1024).transpose(0, 2, 1)); ys.extend(labels)
-    return torch.tensor(np.concatenate(xs) / 255.0, dtype=torch.float32), torch.tensor(ys, dtype=torch.long)
+        if len(data) == 0: raise ValueError(f"{path}: holds no images")
+        if data.dtype != np.uint8: raise ValueError(f"{path}: expected pixels of dtype uint8 (0..255), got {data.dtype}")
+        labels = _check_labels(path, labels)
+        xs.append(data.reshape(-1, 3, 1024).transpose(0, 2, 1)); ys.append(labels)
+    return torch.tensor(np.concatenate(xs) / 255.0, dtype=torch.float32), torch.from_numpy(np.concatenate(ys))

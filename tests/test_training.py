@@ -276,6 +276,9 @@ def _idx_bytes(arr, type_code=8):
     ("labels", None, FileNotFoundError, "MNIST test labels not found: none of ['t10k-labels-idx1-ubyte.gz', 't10k-labels-idx1-ubyte']"),
     ("images", "gzip-cut", ValueError, "truncated: the gzip stream ends early"),
     ("images", "not-gzip", ValueError, "cannot be read (BadGzipFile"),
+    ("images", lambda b: _idx_bytes(np.zeros((0, 28, 28))), ValueError, "holds no images"),  # follow-up 5: NumPy's reshape error
+    ("images", lambda b: _idx_bytes(np.zeros((3, 5, 5))), ValueError, "images of 5 x 5 pixels, expected MNIST's 28 x 28"),  # was accepted (L = 25)
+    ("labels", lambda b: _idx_bytes([7, 10, 1]), ValueError, "labels must be classes 0..9, got values from 1 to 10"),  # was accepted
 ])
 def test_sequential_mnist_damaged_files_are_named(tmp_path, which, damage, err, msg):
     "Missing, truncated, over-long, wrong-type and mismatched IDX files: an error naming the file and what is wrong (was NumPy's reshape error)."
@@ -298,6 +301,20 @@ def test_sequential_cifar_damaged_batch_is_named(tmp_path):
         tasks.sequential_images("cifar10", tmp_path, "test")
     (d / "test_batch").write_bytes((d / "test_batch").read_bytes()[:50])
     with pytest.raises(ValueError, match="test_batch: not a CIFAR-10 batch"): tasks.sequential_images("cifar10", tmp_path, "test")
+
+
+@pytest.mark.parametrize("batch,msg", [
+    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [1, 200]}, "labels must be classes 0..9, got values from 1 to 200"),
+    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [-1, 2]}, "labels must be classes 0..9, got values from -1 to 2"),
+    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [1.5, 2]}, "labels must be integers, got dtype float64"),
+    ({b"data": np.zeros((0, 3072), np.uint8), b"labels": []}, "holds no images"),
+    ({b"data": np.full((2, 3072), 300.0), b"labels": [1, 2]}, r"expected pixels of dtype uint8 \(0..255\), got float64"),
+])
+def test_sequential_cifar_values_are_checked(tmp_path, batch, msg):
+    "Issue 25 follow-up 5: a CIFAR-10 label of 200 (or -1, 1.5), an empty batch and non-byte pixels were accepted; now refused naming the file."
+    d = tmp_path / "cifar-10-batches-py"; d.mkdir()
+    with open(d / "test_batch", "wb") as f: pickle.dump(batch, f)
+    with pytest.raises(ValueError, match=rf"{d / 'test_batch'}: {msg}"): tasks.sequential_images("cifar10", tmp_path, "test")
 
 
 @pytest.mark.parametrize("kw,err,msg", [
