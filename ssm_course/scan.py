@@ -12,8 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from .checks import check_size, full_precision, values_hidden
-from ._engine.scan import _check_scan, _dtype
+from .checks import check_size, full_precision
+from ._engine.scan import _check_scan, _dtype, _any_nan
 
 # %% ../nbs/07_scan.ipynb #7b1e0c3a
 @full_precision
@@ -36,8 +36,8 @@ def scan_sequential(
 def _mul(x, y):
     "$x y$, except that an overflowed product ($\\pm\\infty$) times an exact zero is 0 rather than NaN (real values; NaN inputs stay NaN)."
     p = x * y
-    if p.is_complex() or not (values_hidden(p) or bool(p.isnan().any())): return p  # the usual case: nothing to repair
-    return torch.where(p.isnan() & ~x.isnan() & ~y.isnan(), 0.0, p)  # (values_hidden: values that cannot be looked at, as when traced, are always repaired)
+    if p.is_complex() or not _any_nan(p): return p  # the usual case: nothing to repair
+    return torch.where(p.isnan() & ~x.isnan() & ~y.isnan(), 0.0, p)
 
 # %% ../nbs/07_scan.ipynb #579a24d4
 @full_precision

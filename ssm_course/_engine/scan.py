@@ -37,6 +37,10 @@ def _dtype(a, b, h0):
     "The dtype of the result: the promoted type of the inputs, integers promoted to the default float."
     return float_dtype(a, b, *([h0] if h0 is not None else []))
 
+def _any_nan(x):
+    "Whether `x` may hold a NaN: True if it does, and True where its values cannot be read (`checks.values_hidden`)."
+    return values_hidden(x) or bool(x.isnan().any())
+
 # %% ../../nbs/engine/scan.ipynb #5c00315c
 def _rows(x, shape):
     "x as (rows, time) for the broadcast `shape`, without materializing the broadcast: (2-D tensor, row index map or None)."
