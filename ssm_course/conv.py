@@ -87,7 +87,7 @@ def fft_conv(u, K):
 # %% ../nbs/05_s4.ipynb #e7c4c31c
 from .checks import broadcast_shapes, to_precision, full_precision
 from .discretize import discretize
-from ._engine.conv import _check_dplr, _zero_kernel, _matrix_power
+from ._engine.conv import _check_dplr, _zero_kernel, _matrix_power, _recomputed
 
 # %% ../nbs/05_s4.ipynb #d6916803
 def _cauchy_blocks(v, g, lam, skip, chunk):
@@ -120,6 +120,12 @@ def _dplr_dense(Lambda, P):
     "$\\mathrm{diag}(\\Lambda) - P^\\top \\bar P$ as a dense matrix, with `P` of shape (..., r, N)."
     return torch.diag_embed(Lambda) - P.mT @ P.conj()
 
+def _dense_c_tilde(Lambda, P, B, C, dt, L):
+    "$\\tilde C = C(I - \\bar A^L)$ with the dense bilinear $\\bar A$ (`dt` of shape (..., 1)), in complex128 whatever the inputs' precision (the power amplifies rounding)."
+    c128 = lambda x: x.to(torch.complex128)
+    dA = discretize(_dplr_dense(c128(Lambda), c128(P)), c128(B), dt[..., 0].double(), "bilinear")[0]
+    return (c128(C) - (c128(C)[..., None, :] @ _matrix_power(dA, L))[..., 0, :]).to(C.dtype)
+
 @full_precision
 def ssm_kernel_dplr(
     Lambda:Tensor, # diagonal part $\Lambda$, (..., N), complex
@@ -128,21 +134,18 @@ def ssm_kernel_dplr(
     C:Tensor, # output vector, (..., N); or $\tilde C = C(I - \bar A^L)$ with `tilde=True`
     dt:Tensor|float, # step $\Delta > 0$, scalar or broadcastable to the batch dims
     L:int, # kernel length, at least 1
-    tilde:bool=False, # `C` is already $\tilde C$ (S4's trained parameter): skips the dense power, $O(N + L)$ memory
+    tilde:bool=False, # `C` is already $\tilde C$ (S4's trained parameter): skips the dense power ($O(N^3\log L)$ time, $O(N^2)$ memory per channel)
     chunk:int=4096, # frequencies per Cauchy block
 )->Tensor: # $K_l = C\bar A^l\bar B$ for the bilinear discretization, complex, (..., L)
     """S4's kernel of $A = \\mathrm{diag}(\\Lambda) - PP^\\ast$: generating function at roots of unity, Woodbury bordered at the nearest
     pole, Cauchy kernel, inverse FFT. Computed in complex64 or complex128 (the inputs' precision; half in complex64),
     whatever the caller's autocast. The batch dims (all but the last of `Lambda`, `B`, `C`, all but the last two of `P`,
-    and `dt`'s) broadcast; an empty batch gives an empty result and $N = 0$ a zero kernel. With `tilde=True`, training
-    saves $O(N + L)$ for the backward (the Cauchy blocks are recomputed there)."""
+    and `dt`'s) broadcast; an empty batch gives an empty result and $N = 0$ a zero kernel. Training saves $O(N + L)$ per
+    channel for the backward: the Cauchy blocks, and without `tilde` the dense matrices of $\\tilde C$, are recomputed there."""
     Lambda, P, B, C, dt, L, chunk, out = _check_dplr(Lambda, P, B, C, dt, L, chunk)  # one complex dtype; (..., N), P (..., r, N), dt (..., 1)
     if Lambda.numel() == 0: return _zero_kernel(L, out, Lambda, P, B, C, dt)  # no channel, or no state: K = 0
     ctype, r = Lambda.dtype, P.shape[-2]
-    if not tilde:  # C~ = C (I - dA^L) with the dense bilinear dA, in double precision
-        c128 = lambda x: x.to(torch.complex128)
-        dA = discretize(_dplr_dense(c128(Lambda), c128(P)), c128(B), dt[..., 0].double(), "bilinear")[0]
-        C = (c128(C) - (c128(C)[..., None, :] @ _matrix_power(dA, L))[..., 0, :]).to(ctype)
+    if not tilde: C = _recomputed(_dense_c_tilde, Lambda, P, B, C, dt, L)  # C~; training keeps its inputs, not its N x N matrices
     k = torch.arange(L, device=Lambda.device, dtype=torch.float64)
     omega = torch.polar(torch.ones_like(k), -2 * math.pi * k / L).to(ctype)  # (L,) the roots of unity
     nyq = 2 * k == L  # omega = -1 exactly (even L only), whatever the precision

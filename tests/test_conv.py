@@ -853,3 +853,18 @@ def test_mixed_devices_are_refused_by_name(op):
     if "dt" in args:  # a 0-d CPU step goes with any device, like a Python float
         y = f(**{k: (v.to("meta") if k != "dt" else v[0]) for k, v in args.items()})
         assert y.device.type == "meta"
+
+
+def test_dplr_recomputed_c_tilde_keeps_every_derivative():
+    "Follow-up 6: C~ = C (I - dA^L) is recomputed in the backward (torch.utils.checkpoint); double backward (gradgradcheck), "
+    "torch.func.grad and vmap(grad) still work (checkpointing's saved-tensor hooks are skipped under torch.func, which refuses them)."
+    from torch.func import grad, vmap
+    Lam, P, B, _ = dplr("legt", 3)
+    C = torch.randn(3, dtype=torch.complex128, generator=torch.Generator().manual_seed(0))
+    args = [x.clone().requires_grad_() for x in (Lam, P, B, C)] + [torch.tensor(0.1, dtype=torch.float64, requires_grad=True)]
+    assert torch.autograd.gradgradcheck(lambda a, b, c, d, e: ssm_kernel_dplr(a, b, c, d, e, 6), args)
+    loss = lambda d: ssm_kernel_dplr(Lam, P, B, C, d, 6).abs().square().sum()
+    dts = torch.tensor([0.05, 0.1], dtype=torch.float64)
+    want = torch.stack([torch.autograd.grad(loss(x := d.clone().requires_grad_()), x)[0] for d in dts])
+    torch.testing.assert_close(vmap(grad(loss))(dts), want, rtol=1e-13, atol=0)
+    torch.testing.assert_close(grad(loss)(dts[0]), want[0], rtol=1e-13, atol=0)

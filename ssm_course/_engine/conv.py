@@ -398,6 +398,21 @@ def _matrix_power_bits(A, L):
         A = A @ A
     return R
 
+# %% ../../nbs/engine/conv.ipynb #eee02747
+from torch.utils.checkpoint import checkpoint
+
+def _in_func_transform()->bool:
+    "Whether a `torch.func` transform (grad, vmap, ...) is running: its grad does not support the saved-tensor hooks that checkpointing uses."
+    F = getattr(torch._C, "_functorch", None)
+    return F is not None and hasattr(F, "maybe_current_level") and F.maybe_current_level() is not None
+
+def _recomputed(f, *args):
+    """`f(*args)`; while autograd records, none of `f`'s intermediates is saved for the backward: `torch.utils.checkpoint`
+    keeps `args` and runs `f` again in the backward. Under a `torch.func` transform `f` is called as it is (saving them)."""
+    if torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args) and not _in_func_transform():
+        return checkpoint(f, *args, use_reentrant=False, preserve_rng_state=False)  # f draws no random numbers
+    return f(*args)
+
 # %% ../../nbs/engine/conv.ipynb #c4e1fece
 def _check_recurrence(Ad, Bd, C, u, x0):
     "`ssm_recurrence`'s arguments checked and cast to their compute dtype: (Ad, Bd, C, u, x0 or None, the batch shape, the result dtype)."
