@@ -1,4 +1,4 @@
-"""A time-varying SSM cannot be convolved; it must be scanned. The first-order recurrence $h_t = a_t h_{t-1} + b_t$ as an associative scan over pairs $(a, b)$: the sequential loop, Hillis–Steele, Blelloch and the chunked two-level scan, their work and depth, the reverse scan that is the gradient, and what goes wrong in float32 with the closed forms.
+r"""The first-order recurrence $h_t = a_t h_{t-1} + b_t$ is one matrix product, $h = \mathcal L_a b$. For a time-varying SSM the matrix is not Toeplitz, so it is no convolution; it can still be multiplied like any matrix, in $O(L^2)$, and a scan multiplies by it in $O(L)$. The sequential loop, Hillis–Steele, Blelloch and the chunked two-level scan (SSD with one state) are orders of that product: their work and depth, the reverse scan that is the gradient, and what goes wrong in float32 with the closed forms.
 
 Docs: https://ssm-course.github.io/ssm_course/scan.html.md"""
 

@@ -204,9 +204,26 @@ def test_half_precision_computed_in_float32(dtype):
     ref = scan_sequential(a.double(), b.double())
     eps = torch.finfo(dtype).eps
     assert ((h.double() - ref).abs() <= eps * ref.abs() + 2 * eps).all()  # one rounding of a float32 result
+    assert torch.equal(h, scan(a.float(), b.float()).to(dtype))  # exactly: the float32 scan, rounded once (a pure half loop is not)
     a.requires_grad_(); b.requires_grad_()
     scan(a, b).sum().backward()
     assert a.grad.dtype == dtype and torch.isfinite(a.grad.float()).all()
+
+
+def test_scan_matrix_is_ssds_mask_for_one_state():
+    "Lesson 07's h = L_a b: the columns of L_a are scans of unit inputs, and L_a is lesson 09's decay mask exp(segsum(log a)); ssd with N = p = 1, B = C = 1 is the scan."
+    from ssm_course.ssd import segsum, ssd, ssd_quadratic
+    g = torch.Generator().manual_seed(0)
+    L = 40
+    a, b = 0.3 + 0.7 * torch.rand(L, generator=g, dtype=torch.float64), torch.randn(L, generator=g, dtype=torch.float64)
+    La = torch.tensor([[a[s + 1:t + 1].prod().item() if s <= t else 0.0 for s in range(L)] for t in range(L)], dtype=torch.float64)
+    torch.testing.assert_close(scan_sequential(a, torch.eye(L, dtype=torch.float64)).T, La, rtol=2e-15, atol=0)  # column s: the scan of e_s (observed 8e-16)
+    torch.testing.assert_close(segsum(a.log()).exp(), La, rtol=1e-14, atol=0)  # observed 5.6e-15
+    one = torch.ones(1, L, 1, 1, dtype=torch.float64)
+    for f in (ssd, ssd_quadratic):
+        y = f(b.view(1, L, 1, 1), None, None, one, one, chunk_size=8, log_decay=a.log().view(1, L, 1))
+        torch.testing.assert_close(y.view(L), La @ b, rtol=1e-15, atol=1e-15)  # observed 2.2e-16 on values up to 1.9
+        torch.testing.assert_close(y.view(L), scan(a, b), rtol=1e-15, atol=1e-15)
 
 
 def test_meta_and_integer_inputs():
