@@ -1,4 +1,4 @@
-r"""Let $\Delta$, $B$ and $C$ depend on the input and the SSM can choose what to remember — at the price of the convolution view. Mamba's selective scan with its exact semantics, an initial state in and the last state out, a chunked forward and backward that keep only the states at chunk boundaries, and the selective-copying task, on which a time-invariant model of the same size falls far behind.
+r"""Let $\Delta$, $B$ and $C$ depend on the input and the SSM can choose what to remember — at the price of the convolution view. Mamba's selective scan with its exact semantics, an initial state in and the last state out, a chunked forward and backward that keep only the states at chunk boundaries, and the selective-copying task, on which a time-invariant model of the same size stays behind.
 
 Docs: https://ssm-course.github.io/ssm_course/selective.html.md"""
 
@@ -179,8 +179,8 @@ def selective_scan(
     """Mamba's selective scan, chunked: chunk-boundary states stored, chunk internals recomputed in the backward.
 
     Computes in float32 (float64 for float64 `u`) whatever the caller's autocast. On the PyTorch path gradients of gradients
-    (`create_graph=True`) are exact, and `torch.func.vmap` maps over any argument; the Triton path is differentiable once
-    (a double backward raises) and maps with vmap too."""
+    (`create_graph=True`) are exact, and `torch.func.vmap` maps over any argument; the Triton path gives first derivatives
+    only (a backward with `create_graph=True` raises) and maps with vmap too."""
     b, d, l, n, B, C = _check_selective(u, delta, A, B, C, D, z, delta_bias, initial_state)
     chunk = check_size(chunk, "chunk")
     dtype_in, work = _out_dtype(u), _work_dtype(u)

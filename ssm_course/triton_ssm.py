@@ -646,6 +646,15 @@ def _no_func_grad(op, *xs):
         raise NotImplementedError(f"{op}'s Triton backward does not support torch.func.grad/vjp/jacrev; use torch.autograd.grad or "
                                   "loss.backward() (the same gradients), or backend='torch'")
 
+def _first_order_only(op, *xs):
+    """The checks at the start of a Triton backward: `torch.func.grad` refused (`_no_func_grad`), and so is a backward with
+    `create_graph=True` (grad mode on inside it): the kernels' gradients carry no graph, so second derivatives would be detached or zero."""
+    _no_func_grad(op, *xs)
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{op}'s Triton backward computes first derivatives only, and it was asked for a differentiable gradient "
+                           "(create_graph=True: a double backward, a Hessian, a gradient penalty); use backend='torch' for higher-order "
+                           "derivatives, or create_graph=False")
+
 class _KernelDiag(torch.autograd.Function):
     generate_vmap_rule = False  # its own rule: the vmapped axis joins the channels
 
@@ -659,10 +668,9 @@ class _KernelDiag(torch.autograd.Function):
         ctx.save_for_backward(dA, W)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # the backward is a Triton kernel: a double backward raises instead of returning a detached zero
     def backward(ctx, gK):
         dA, W = ctx.saved_tensors
-        _no_func_grad("ssm_kernel_diag", gK, dA, W)
+        _first_order_only("ssm_kernel_diag", gK, dA, W)  # the backward is a Triton kernel: create_graph=True raises
         return *_kdiag_bwd(dA, W, gK, ctx.log), None, None
 
     @staticmethod
@@ -684,7 +692,7 @@ def ssm_kernel_diag_triton(
 
     With `log=True`, $\bar\lambda^l = e^{l\log\bar\lambda}$ takes $\log|\bar\lambda|$ and $\arg\bar\lambda/2\pi$ straight from the
     given logarithm in float64 (a double-precision logarithm keeps its precision), and the gradient is the one with respect to the logarithm.
-    Differentiable once with autograd (a double backward raises); `torch.func.vmap` is supported, `torch.func.grad` raises."""
+    Differentiable once with autograd (a backward with `create_graph=True` raises); `torch.func.vmap` is supported, `torch.func.grad` raises."""
     real = not (dA.is_complex() or dB.is_complex() or C.is_complex())
     doubles = {torch.float64, torch.complex128}
     if doubles & {dB.dtype, C.dtype} or (not log and dA.dtype in doubles):
@@ -775,10 +783,9 @@ class _SelectiveTriton(torch.autograd.Function):
         ctx.softplus, ctx.CH, ctx.has_x0 = softplus, _sel_chunk(u.shape[1], B, C, chunk), x0 is not None
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # Triton kernels: a double backward raises instead of returning a detached zero
     def backward(ctx, gy, glast, _):
         u, delta, A, B, C, D, z, bias, xs = ctx.saved_tensors
-        _no_func_grad("selective_scan", gy, glast, u)
+        _first_order_only("selective_scan", gy, glast, u)  # Triton kernels: create_graph=True raises
         *grads, dx0 = _sel_bwd(u, delta, A, B, C, D, z, bias, xs, gy, glast, ctx.softplus, ctx.CH)
         return (*grads, dx0 if ctx.has_x0 else None, None, None)
 
@@ -804,7 +811,7 @@ def selective_scan_triton(
     initial_state:Tensor|None=None, # the state before the first step, (b, d, n)
     chunk:int=128, # steps between the states stored for the backward (rounded down to a multiple of the kernel's block)
 )->Tensor|tuple: # y (b, d, l) in u's dtype, or (y, last state)
-    "Mamba's selective scan as two Triton kernels, forward and backward, with the bias, softplus, $D$ and the $z$ gate fused; real $A$; float32 whatever the caller's autocast; differentiable once (a double backward raises), `torch.func.vmap` supported, `torch.func.grad` raises."
+    "Mamba's selective scan as two Triton kernels, forward and backward, with the bias, softplus, $D$ and the $z$ gate fused; real $A$; float32 whatever the caller's autocast; differentiable once (a backward with `create_graph=True` raises), `torch.func.vmap` supported, `torch.func.grad` raises."
     if A.is_complex() or B.is_complex() or C.is_complex():
         raise ValueError("the Triton selective scan handles real A, B, C; use backend='torch' for complex A")
     for X, name in [(u, "u"), (delta, "delta"), (A, "A"), (B, "B"), (C, "C"), (D, "D"), (z, "z"), (delta_bias, "delta_bias"), (initial_state, "initial_state")]:
@@ -848,10 +855,9 @@ class _SSDCB(torch.autograd.Function):
     def setup_context(ctx, inputs, output): ctx.save_for_backward(*inputs[:2])
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, gcb):
         C, B = ctx.saved_tensors
-        _no_func_grad("ssd", gcb, C)
+        _first_order_only("ssd", gcb, C)
         return *_ssd_cb_bwd(C, B, gcb), None
 
     @staticmethod
@@ -866,10 +872,9 @@ class _SSDState(torch.autograd.Function):
     def setup_context(ctx, inputs, output): ctx.save_for_backward(*inputs)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, gS):
         x, dt, B, dA = ctx.saved_tensors
-        _no_func_grad("ssd", gS, x)
+        _first_order_only("ssd", gS, x)
         return _ssd_state_bwd(x, dt, B, dA, gS)
 
     @staticmethod
@@ -884,10 +889,9 @@ class _SSDOut(torch.autograd.Function):
     def setup_context(ctx, inputs, output): ctx.save_for_backward(*inputs)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, gy):
         x, dt, C, cb, dA, hs, h0 = ctx.saved_tensors
-        _no_func_grad("ssd", gy, x)
+        _first_order_only("ssd", gy, x)
         return _ssd_out_bwd(x, dt, C, cb, dA, hs, h0, gy)
 
     @staticmethod
@@ -906,7 +910,7 @@ def ssd_triton(
 )->tuple: # (y without the D term in x's dtype, final states (b, h, p, n) in float32)
     """SSD in Triton: $CB^T$ per chunk and group, chunk states, the state passing by notebook 10's scan, chunk outputs; each with a backward kernel.
 
-    Float32 whatever the caller's autocast; differentiable once (a double backward raises); `torch.func.grad` raises. A growing state
+    Float32 whatever the caller's autocast; differentiable once (a backward with `create_graph=True` raises); `torch.func.grad` raises. A growing state
     (some $A > 0$) gets a chunk short enough that no decay factor inside it passes $e^{44}$, or a clear error where even 16 steps would."""
     for X, name in [(x, "x"), (dt, "dt"), (A, "A"), (B, "B"), (C, "C"), (initial_states, "initial_states")]:
         if X is not None and X.dtype not in (torch.float32, torch.bfloat16):

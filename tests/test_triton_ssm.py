@@ -131,9 +131,8 @@ def test_kernel_diag_vmap_double_backward_and_func_grad():
     Kv = torch.func.vmap(lambda a, b: ssm_kernel_diag_triton(a, b, C[0], 40), in_dims=(0, 1))(dA, dB.T)
     assert rel(Kv, kdiag_ref(dA, dB, C[0], 40)) < 5e-7
     x = dA.clone().requires_grad_()
-    gx, = torch.autograd.grad(ssm_kernel_diag_triton(x, dB, C, 20).abs().sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
-        gx.abs().sum().backward()
+    with pytest.raises(RuntimeError, match="first derivatives only"):
+        torch.autograd.grad(ssm_kernel_diag_triton(x, dB, C, 20).abs().sum(), x, create_graph=True)
     with pytest.raises(NotImplementedError, match="torch.func.grad.*torch.autograd.grad"):
         torch.func.grad(lambda a: ssm_kernel_diag_triton(a, dB.real, C.real, 20).sum())(dA.real.clone())
 
@@ -438,9 +437,36 @@ def test_selective_and_ssd_triton_vmap_double_backward_func_grad():
     for v in range(V): assert rel(y[v], ssd_ref(xs[v].double(), *(kw[k].double() for k in ("dt", "A", "B", "C")))) < 1e-6
     for f, x in [(lambda x: selective_scan(x, dl[0], A[0], B[0], C, backend="triton"), u[0]), (lambda x: ssd(x, kw["dt"], kw["A"], kw["B"], kw["C"], backend="triton"), kw["x"])]:
         xg = x.clone().requires_grad_()
-        gx, = torch.autograd.grad(f(xg).square().sum(), xg, create_graph=True)
-        with pytest.raises(RuntimeError, match="differentiate twice"): gx.sum().backward()
+        with pytest.raises(RuntimeError, match="first derivatives only"): torch.autograd.grad(f(xg).square().sum(), xg, create_graph=True)
         with pytest.raises(NotImplementedError, match="torch.func.grad"): torch.func.grad(lambda x: f(x).sum())(x)
+
+
+@pytest.mark.parametrize("loss", ["linear", "square"])
+@pytest.mark.parametrize("op", ["ssd", "selective_scan", "ssm_kernel_diag"])
+def test_triton_create_graph_raises_whatever_the_loss(op, loss):
+    """Issue 25 follow-up 1: a gradient asked for with create_graph=True (second derivatives) raises a RuntimeError naming the op and
+    backend='torch', also for a linear loss, whose constant incoming gradient let once_differentiable return silently: ssd's second
+    derivative was 0 (the PyTorch path's: norm 129.6), selective_scan's and ssm_kernel_diag's gradient came back detached. Without
+    create_graph the gradients are unchanged (the PyTorch path's here, the float64 loop's in the tests above); torch.func.grad still says to use
+    torch.autograd.grad."""
+    g = torch.Generator().manual_seed(25)
+    kw = ssd_inputs(g, b=1, l=20, h=2, grp=1, p=3, n=4, h0=False)
+    sk = sel_inputs(g, 3, 3, b=1, l=12, options=False)
+    dA, dB, C = kdiag_inputs(g, 2, 3)
+    calls = {"ssd": (lambda t, be: ssd(kw["x"], t, kw["A"], kw["B"], kw["C"], chunk_size=16, backend=be), kw["dt"]),
+             "selective_scan": (lambda t, be: selective_scan(sk["u"], t, sk["A"], sk["B"], sk["C"], delta_softplus=True, backend=be), sk["delta"]),
+             "ssm_kernel_diag": (lambda t, be: ssm_kernel_diag(t, dB, C, 8, backend=be).real, dA)}
+    f, t = calls[op]
+    L = (lambda y: y.sum()) if loss == "linear" else (lambda y: y.square().sum())
+    tt = t.clone().requires_grad_()
+    gt, = torch.autograd.grad(L(f(tt, "torch")), tt, create_graph=True)  # the PyTorch path: an attached gradient
+    assert gt.requires_grad
+    with pytest.raises(RuntimeError, match=rf"^{op}'s Triton backward computes first derivatives only.*backend='torch' for higher-order"):
+        torch.autograd.grad(L(f(tt, "triton")), tt, create_graph=True)
+    g1, = torch.autograd.grad(L(f(tt, "triton")), tt)  # plain training: unaffected
+    assert rel(g1, torch.autograd.grad(L(f(tt, "torch")), tt)[0]) < 1e-5
+    with pytest.raises(NotImplementedError, match=rf"^{op}'s Triton backward does not support torch.func.grad.*torch.autograd.grad"):
+        torch.func.grad(lambda t: L(f(t, "triton")))(t.clone())
 
 
 def test_triton_mixed_devices_name_the_argument():
