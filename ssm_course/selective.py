@@ -1,4 +1,4 @@
-r"""Let $\Delta$, $B$ and $C$ depend on the input and the SSM can choose what to remember — at the price of the convolution view. Mamba's selective scan with its exact semantics, an initial state in and the last state out, a chunked forward and backward that keep only the states at chunk boundaries, and the selective-copying task, on which a time-invariant model of the same size falls far behind.
+r"""Let $\Delta$, $B$ and $C$ depend on the input and the SSM can choose what to remember — at the price of the convolution view. Mamba's selective scan with its exact semantics, an initial state in and the last state out, a chunked forward and backward that keep only the states at chunk boundaries, and the selective-copying task, on which a time-invariant model of the same size stays behind.
 
 Docs: https://ssm-course.github.io/ssm_course/selective.html.md"""
 

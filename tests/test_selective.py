@@ -1,5 +1,6 @@
-"""ssm_course.selective: fast path vs the reference loop (hypothesis), mamba's packing, chaining, bad input."""
+"""ssm_course.selective: fast path vs the reference loop (hypothesis), mamba's packing, chaining, bad input; both against a transcription of mamba_ssm's own selective_scan_ref."""
 import math, pytest, torch
+import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 from ssm_course.selective import selective_scan, selective_scan_ref
 
@@ -390,3 +391,189 @@ def test_backward_is_the_lessons_chunk_walk(layout):
     _, _, starts, _ = _selective_forward(*(kw[k] for k in names), 8)
     want = _backward_chunks(gy, glast, *(kw[k] for k in names[:5]), starts, 8, chunk=_chunk_tm)
     for a, b in zip(got, want): assert torch.equal(a, b)
+
+
+# ---- issue 28 item 18: selective_scan against mamba_ssm's own reference -------------------------------------------------
+# Lesson 08 says that selective_scan follows mamba_ssm's `selective_scan_fn` argument for argument. mamba_ssm's own test
+# (tests/ops/test_selective_scan.py) checks its CUDA op against `selective_scan_ref`; here the same reference, transcribed,
+# checks ours: every layout of B and C (fixed (d, n), per step (b, n, l), in groups (b, g, n, l)), real and complex A (with
+# mamba's (real, imaginary) packing of a variable B/C), D, z, delta_bias, softplus and the last state, outputs and gradients.
+#
+# ---- Transcription of mamba_ssm's selective_scan_ref (not ssm_course code) ---------------------------------------------
+# state-spaces/mamba, mamba_ssm/ops/selective_scan_interface.py, `selective_scan_ref` (Copyright (c) 2023, Tri Dao, Albert
+# Gu; Apache-2.0), read at commit e9594ce (the file last changed in f577286, July 2026; the function is unchanged since
+# the first release). Transcribed line by line; the changes: einops' rearrange/repeat are written with
+# unflatten/repeat_interleave/indexing (einops is not a dependency of this project), the original shown in a comment; and
+# each `.float()` is `.to(work)`, with `work=torch.float32` (the default) being the original, so that the same lines can
+# also run in float64 for a comparison at float64 rounding.
+def mamba_selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                             return_last_state=False, work=torch.float32):
+    """
+    u: r(B D L)
+    delta: r(B D L)
+    A: c(D N) or r(D N)
+    B: c(D N) or r(B N L) or r(B N 2L) or r(B G N L) or (B G N L)
+    C: c(D N) or r(B N L) or r(B N 2L) or r(B G N L) or (B G N L)
+    D: r(D)
+    z: r(B D L)
+    delta_bias: r(D), fp32
+
+    out: r(B D L)
+    last_state (optional): r(B D dstate) or c(B D dstate)
+    """
+    dtype_in = u.dtype
+    u = u.to(work)  # u.float()
+    delta = delta.to(work)  # delta.float()
+    if delta_bias is not None:
+        delta = delta + delta_bias[..., None].to(work)  # delta_bias[..., None].float()
+    if delta_softplus:
+        delta = F.softplus(delta)
+    batch, dim, dstate = u.shape[0], A.shape[0], A.shape[1]
+    is_variable_B = B.dim() >= 3
+    is_variable_C = C.dim() >= 3
+    if A.is_complex():
+        if is_variable_B:
+            B = torch.view_as_complex(B.to(work).unflatten(-1, (-1, 2)))  # rearrange(B.float(), "... (L two) -> ... L two", two=2)
+        if is_variable_C:
+            C = torch.view_as_complex(C.to(work).unflatten(-1, (-1, 2)))  # rearrange(C.float(), "... (L two) -> ... L two", two=2)
+    else:
+        B = B.to(work)  # B.float()
+        C = C.to(work)  # C.float()
+    x = A.new_zeros((batch, dim, dstate))
+    ys = []
+    deltaA = torch.exp(torch.einsum('bdl,dn->bdln', delta, A))
+    if not is_variable_B:
+        deltaB_u = torch.einsum('bdl,dn,bdl->bdln', delta, B, u)
+    else:
+        if B.dim() == 3:
+            deltaB_u = torch.einsum('bdl,bnl,bdl->bdln', delta, B, u)
+        else:
+            B = B.repeat_interleave(dim // B.shape[1], dim=1)  # repeat(B, "B G N L -> B (G H) N L", H=dim // B.shape[1])
+            deltaB_u = torch.einsum('bdl,bdnl,bdl->bdln', delta, B, u)
+    if is_variable_C and C.dim() == 4:
+        C = C.repeat_interleave(dim // C.shape[1], dim=1)  # repeat(C, "B G N L -> B (G H) N L", H=dim // C.shape[1])
+    last_state = None
+    for i in range(u.shape[2]):
+        x = deltaA[:, :, i] * x + deltaB_u[:, :, i]
+        if not is_variable_C:
+            y = torch.einsum('bdn,dn->bd', x, C)
+        else:
+            if C.dim() == 3:
+                y = torch.einsum('bdn,bn->bd', x, C[:, :, i])
+            else:
+                y = torch.einsum('bdn,bdn->bd', x, C[:, :, :, i])
+        if i == u.shape[2] - 1:
+            last_state = x
+        if y.is_complex():
+            y = y.real * 2
+        ys.append(y)
+    y = torch.stack(ys, dim=2) # (batch dim L)
+    out = y if D is None else y + u * D[:, None]  # rearrange(D, "d -> d 1")
+    if z is not None:
+        out = out * F.silu(z)
+    out = out.to(dtype=dtype_in)
+    return out if not return_last_state else (out, last_state)
+# ---- end of the transcription ---------------------------------------------------------------------------------------
+
+
+def _mamba_inputs(seed, layB, layC, cplx, extras, dtype=torch.float64, b=2, d=4, n=3, l=23, g=2):
+    "Arguments as mamba_ssm's test draws them (A = -0.5 rand, delta = 0.5 rand, delta_bias = 0.5 rand); a complex variable B/C packed as mamba packs it, real (..., 2l)."
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)
+    A = -0.5 * torch.rand(d, n, generator=gen, dtype=dtype)
+    if cplx: A = torch.complex(A, r(d, n))
+    def BC(lay):
+        if lay == 2: return torch.complex(r(d, n), r(d, n)) if cplx else r(d, n)
+        return r(*{3: (b, n), 4: (b, g, n)}[lay], 2 * l if cplx else l)
+    kw = dict(u=r(b, d, l), delta=0.5 * torch.rand(b, d, l, generator=gen, dtype=dtype), A=A, B=BC(layB), C=BC(layC))
+    if extras: kw.update(D=r(d), z=r(b, d, l), delta_bias=0.5 * torch.rand(d, generator=gen, dtype=dtype), delta_softplus=True)
+    return kw
+
+
+MAMBA_CASES = [(layB, layC, cplx, extras) for layB in (2, 3, 4) for layC in (2, 3, 4) for cplx in (False, True) for extras in (False, True)]
+
+
+@pytest.mark.parametrize("layB, layC, cplx, extras", MAMBA_CASES, ids=[f"B{b}-C{c}-{'complex' if x else 'real'}-{'DzBias' if e else 'plain'}" for b, c, x, e in MAMBA_CASES])
+def test_selective_scan_matches_mamba_reference(layB, layC, cplx, extras):
+    """Ours (selective_scan and selective_scan_ref) = mamba_ssm's selective_scan_ref on the same arguments: outputs and last
+    states in float64 (mamba's lines run in float64) and in float32 (mamba's lines as written), gradients of every input in float64."""
+    kw = _mamba_inputs(7 * layB + layC + 100 * cplx + 1000 * extras, layB, layC, cplx, extras)
+    y_m, last_m = mamba_selective_scan_ref(**kw, return_last_state=True, work=torch.float64)
+    assert y_m.abs().max() > 0.5 and last_m.abs().max() > 0.5  # a non-trivial output to compare
+    scale = max(y_m.abs().max(), last_m.abs().max())  # up to 59 over the cases
+    for f in (selective_scan, selective_scan_ref):
+        y, last = f(**kw, return_last_state=True)
+        for got, want in ((y, y_m), (last, last_m)):
+            assert (got - want).abs().max() <= 2e-15 * scale, (got - want).abs().max() / scale  # observed: at most 5.5e-16 of the largest value
+    kw32 = {k: (v.to(torch.complex64 if v.is_complex() else torch.float32) if torch.is_tensor(v) else v) for k, v in kw.items()}
+    y_m32, last_m32 = mamba_selective_scan_ref(**kw32, return_last_state=True)
+    assert y_m32.dtype == torch.float32
+    for f in (selective_scan, selective_scan_ref):
+        y, last = f(**kw32, return_last_state=True)
+        assert y.dtype == torch.float32
+        for got, want in ((y, y_m32), (last, last_m32)):  # both in float32: two roundings of the same numbers
+            assert (got - want).abs().max() <= 1e-6 * scale, (got - want).abs().max() / scale  # observed: at most 3.0e-7 of the largest value
+    # gradients of a random functional of (y, last state) with respect to every tensor argument, float64
+    gen = torch.Generator().manual_seed(1)
+    wy, wl = torch.randn(y_m.shape, generator=gen, dtype=torch.float64), torch.randn(last_m.shape, generator=gen, dtype=last_m.dtype)
+    names = [k for k, v in kw.items() if torch.is_tensor(v)]
+    grads = []
+    for f, extra in ((mamba_selective_scan_ref, dict(work=torch.float64)), (selective_scan, dict(chunk=8)), (selective_scan_ref, {})):
+        leaves = {k: (v.detach().clone().requires_grad_() if torch.is_tensor(v) else v) for k, v in kw.items()}
+        y, last = f(**leaves, return_last_state=True, **extra)
+        grads.append(torch.autograd.grad((y * wy).sum() + (last * wl).real.sum(), [leaves[k] for k in names]))
+    for name, got in zip(("selective_scan", "selective_scan_ref"), grads[1:]):
+        for k, a, w in zip(names, got, grads[0]):
+            assert (a - w).abs().max() <= 3e-15 * w.abs().max(), (name, k)  # observed: at most 9.9e-16 of the largest gradient (up to 3009)
+
+
+@pytest.mark.parametrize("layB, cplx", [(3, False), (4, True)])
+def test_initial_state_continues_mamba_reference(layB, cplx):
+    "initial_state (ours: mamba's op has none) continues mamba's reference: its last state after steps 0..9 as our initial state gives its output on steps 10..22."
+    kw = _mamba_inputs(3, layB, layB, cplx, True)
+    y_m, last_m = mamba_selective_scan_ref(**kw, return_last_state=True, work=torch.float64)
+    s = slice(10, None)
+    tail = {k: (v[..., 2 * 10:] if k in "BC" and cplx else v[..., s]) if k in ("u", "delta", "z", "B", "C") and v.dim() > 2 else v for k, v in kw.items()}
+    _, first = mamba_selective_scan_ref(**{k: (v[..., :20] if k in "BC" and cplx else v[..., :10]) if k in ("u", "delta", "z", "B", "C") and v.dim() > 2 else v
+                                             for k, v in kw.items()}, return_last_state=True, work=torch.float64)
+    for f in (selective_scan, selective_scan_ref):
+        y, last = f(**tail, initial_state=first, return_last_state=True)
+        torch.testing.assert_close(y, y_m[..., s], rtol=0, atol=2e-14); torch.testing.assert_close(last, last_m, rtol=0, atol=2e-14)  # observed: 7.1e-15 (|y| up to 53)
+
+
+def test_mamba_reference_comparison_is_not_vacuous():
+    "The comparison reacts to the conventions: groups mapped the other way (tiled instead of repeated) or the complex packing read as halves instead of pairs change mamba's answer by far more than the tolerance."
+    kw = _mamba_inputs(0, 4, 4, False, True)
+    y = selective_scan(**kw)
+    tiled = mamba_selective_scan_ref(**{**kw, "B": kw["B"][:, [1, 0]]}, work=torch.float64)  # group j serving the other channels
+    assert (tiled - y).abs().max() > 0.1
+    kw = _mamba_inputs(0, 3, 3, True, True)
+    y = selective_scan(**kw)
+    halves = lambda X: X.unflatten(-1, (2, -1)).transpose(-1, -2).flatten(-2)  # (re..., im...) instead of (re, im) pairs
+    assert (mamba_selective_scan_ref(**{**kw, "B": halves(kw["B"])}, work=torch.float64) - y).abs().max() > 0.1
+
+
+def test_bf16_gate_follows_mamba_kernel_not_its_reference():
+    """The one difference from mamba's reference: it applies F.silu to z in z's dtype (it does not cast z), so with a bf16 z
+    the gate is rounded to bf16 before it multiplies the float32 output. mamba's CUDA kernel casts z to float32 first
+    (csrc/selective_scan/selective_scan_fwd_kernel.cuh: `float z_val = z_vals[i]; out_vals[r][i] *= z_val / (1 + expf(-z_val));`),
+    and so do we: our bf16 output is the float32 result rounded once. On mamba's test inputs in bf16 (as tests/ops/
+    test_selective_scan.py draws them), the reference differs from ours by one bf16 ulp in about a quarter of the outputs;
+    with z cast to float32 first, as the kernel does, it equals ours except in a handful of roundings."""
+    gen = torch.Generator().manual_seed(0)
+    b, d, n, l, bf = 2, 16, 8, 256, torch.bfloat16
+    kw = dict(u=torch.randn(b, d, l, generator=gen).to(bf), delta=(0.5 * torch.rand(b, d, l, generator=gen)).to(bf), A=-0.5 * torch.rand(d, n, generator=gen),
+              B=torch.randn(b, n, l, generator=gen).to(bf), C=torch.randn(b, n, l, generator=gen).to(bf), D=torch.randn(d, generator=gen),
+              z=torch.randn(b, d, l, generator=gen).to(bf), delta_bias=0.5 * torch.rand(d, generator=gen), delta_softplus=True)
+    assert torch.equal(F.silu(kw["z"]), F.silu(kw["z"].float()).to(bf))  # the reference's gate: silu in float32, rounded to bf16
+    y_ref32z = mamba_selective_scan_ref(**{**kw, "z": kw["z"].float()})  # the kernel's gate
+    y_mamba = mamba_selective_scan_ref(**kw)
+    for f in (selective_scan, selective_scan_ref):
+        y = f(**kw)
+        assert y.dtype == bf and torch.equal(y, f(**{**kw, "z": kw["z"].float()}))  # z cast first: our gate is the kernel's
+        ulp = (torch.nextafter(y.abs(), torch.tensor(float("inf"), dtype=bf)) - y.abs()).float()  # one bf16 ulp at each output
+        big = y.float().abs() > 1e-3 * y.float().abs().max()  # away from outputs that cancel to ~0 (where float32 rounding shows)
+        off = (y_mamba != y).float().mean().item()
+        assert 0.2 < off < 0.35, off  # observed 0.284 (both ops)
+        assert ((y_mamba.float() - y.float()).abs()[big] <= ulp[big]).all()  # by one ulp
+        assert (y_ref32z != y).sum() <= 5  # observed 3 of 8192 (selective_scan), 3 (selective_scan_ref)
