@@ -21,7 +21,7 @@ from .scan import scan
 from .selective import selective_scan
 from ._engine.layers import _f32, _c, _cparam, _working, _no_autocast  # precision: see "One interface for five layers"
 from ._engine.layers import _check_x, _check_state, _check_dt_range, _check_d_state, _check_lru_init, _check_dplr_step  # checks, one line each
-from ._engine.layers import _check_mamba_state, _check_model_args, _check_model_input, _check_step_args
+from ._engine.layers import _check_mamba_state, _check_model_args, _check_model_input, _check_recurrent, _check_step_args
 
 # %% ../nbs/12_layers.ipynb #d996b344
 def _log_dA(layer):
@@ -501,6 +501,7 @@ class SequenceModel(nn.Module):
                       batch:int, # batch size
                      )->list: # one state per layer
         "The zero state of every layer."
+        _check_recurrent(self)  # layers with a step and a state (not attention)
         return [layer.initial_state(batch) for layer in self.layers]
 
     def step(self,

@@ -513,3 +513,14 @@ def test_s4_training_saves_O_N_plus_L(monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(runs[N, "recomputed"], runs[N, "kept"])), N
     assert saved[64, "kept"] > 16 * 2**20 and saved[128, "kept"] > 55 * 2**20  # the failure: 16.7, 58.9 MiB with the forward
     assert saved[64, "recomputed"] < 3 * 2**20 and saved[128, "recomputed"] < 1.1 * saved[64, "recomputed"]  # observed 2.64, 2.75 MiB
+
+
+def test_initial_state_of_a_model_without_recurrent_form():
+    "Follow-up 7: SequenceModel(layer='attention').initial_state(1) raised AttributeError ('CausalAttention' object has no attribute "
+    "'initial_state'); now the TypeError step gives, naming the layer. Recurrent models are unchanged."
+    m = SequenceModel(3, d_model=6, n_layers=2, layer="attention", d_input=2, n_heads=2)
+    with pytest.raises(TypeError, match=r"CausalAttention has no step\(\) or initial_state\(\): only recurrent layers can run step by step"): m.initial_state(1)
+    m.pool = None
+    with pytest.raises(TypeError, match=r"CausalAttention has no step\(\) or initial_state\(\)"): m.step(torch.randn(1, 2), [None, None])
+    s = SequenceModel(3, d_model=6, n_layers=2, layer="lru", d_input=2).initial_state(2)
+    assert len(s) == 2 and all(torch.equal(t, torch.zeros(2, 6, dtype=torch.complex64)) for t in s)

@@ -1,5 +1,5 @@
 """ssm_course.tasks and .train: task contracts, dataset readers on fake files, exact resume, checkpoint integrity, data checks, devices, torchrun/DDP."""
-import copy, gzip, json, os, pickle, re, struct, subprocess, sys
+import copy, gzip, json, math, os, pickle, re, struct, subprocess, sys
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports the Triton kernels (the dispatchers import them lazily)
 from pathlib import Path
 import numpy as np, pytest, torch
@@ -317,6 +317,21 @@ def test_sequential_cifar_values_are_checked(tmp_path, batch, msg):
     with pytest.raises(ValueError, match=rf"{d / 'test_batch'}: {msg}"): tasks.sequential_images("cifar10", tmp_path, "test")
 
 
+def test_trainer_takes_a_tensor_learning_rate():
+    "Follow-up 7: AdamW takes lr as a tensor and so does Trainer now (a 0-d real tensor; refused before: 'lr must be a real number'): "
+    "its value is used, so training is bit for bit the run with the same float (2**-9 is exact in every dtype)."
+    runs = []
+    for kw in (dict(lr=2.0 ** -9, ssm_lr=2.0 ** -10, weight_decay=0.5, grad_clip=0.25),
+               dict(lr=torch.tensor(2.0 ** -9), ssm_lr=torch.tensor(2.0 ** -10, dtype=torch.float64), weight_decay=torch.tensor(0.5), grad_clip=torch.tensor(0.25)),
+               dict(lr=torch.tensor(2.0 ** -9, dtype=torch.bfloat16), ssm_lr=2.0 ** -10, weight_decay=0.5, grad_clip=torch.tensor(0.25, dtype=torch.float16))):
+        torch.manual_seed(0)
+        m = SequenceModel(4, d_model=8, n_layers=1, layer="lru", vocab_size=4, pool=None)
+        t = Trainer(m, lambda n, g: tasks.delayed_recall(n, L=16, delay=4, g=g), steps=3, batch_size=4, warmup=1, **kw)
+        t.fit(progress=False); runs.append(_state(t))
+    assert all(isinstance(g["lr"], float) for g in t.opt.param_groups)
+    assert _same_state(runs[0], runs[1]) and _same_state(runs[0], runs[2]) and runs[0]["step"] == 3
+
+
 @pytest.mark.parametrize("kw,err,msg", [
     (dict(lr=-3e-3), ValueError, "lr must be a finite number > 0, got -0.003"), (dict(lr=float("nan")), ValueError, "lr must be a finite number > 0, got nan"),
     (dict(lr=float("inf")), ValueError, "lr must be"), (dict(lr=0), ValueError, "lr must be"), (dict(lr="1e-3"), TypeError, "lr must be a real number, got '1e-3'"),
@@ -324,6 +339,11 @@ def test_sequential_cifar_values_are_checked(tmp_path, batch, msg):
     (dict(weight_decay=float("nan")), ValueError, "weight_decay"), (dict(ssm_lr=-1), ValueError, "ssm_lr must be a finite number > 0, got -1"),
     (dict(grad_clip=-1), ValueError, r"grad_clip must be a finite number > 0, got -1 (None: no clipping)"), (dict(grad_clip=float("nan")), ValueError, "grad_clip"),
     (dict(grad_clip=0), ValueError, "grad_clip"),
+    (dict(lr=torch.tensor([1e-3])), TypeError, "lr must be a real number or a 0-d real tensor, got a torch.float32 tensor of shape (1,) on cpu"),
+    (dict(lr=torch.tensor(-1e-3, dtype=torch.float64)), ValueError, "lr must be a finite number > 0, got -0.001"),
+    (dict(lr=torch.tensor(True)), TypeError, "lr must be a real number or a 0-d real tensor, got a torch.bool tensor"),
+    (dict(lr=torch.tensor(1e-3 + 0j)), TypeError, "got a torch.complex64 tensor"),
+    (dict(grad_clip=torch.tensor(float("nan"))), ValueError, "grad_clip must be a finite number > 0, got nan"),
 ])
 def test_trainer_refuses_nonsense_hyperparameters(kw, err, msg):
     "Each of these trained without an error before (the loss rose or became NaN); lr='1e-3' raised a comparison error naming nothing."
@@ -405,6 +425,11 @@ _CRAFTED = {  # valid checksums, wrong contents: what each must be refused for
     "negative group lr": (lambda s: _set(s, ["opt", "param_groups", 0, "lr"], -1.0) or s, "has lr -1.0"),
     "optimizer step 0": (lambda s: _set(s, ["opt", "state", 3, "step"], torch.tensor(0.0)) or s, "optimizer state 'step' of parameter 3 is 0.0, expected a whole number from 1"),
     "betas out of range": (lambda s: _set(s, ["opt", "param_groups", 1, "betas"], (0.9, 1.5)) or s, "betas (0.9, 1.5); expected numbers >= 0 and betas in [0, 1)"),
+    "NaN weight": (lambda s: _set(s, ["model", next(iter(s["model"]))], torch.full_like(next(iter(s["model"].values())), math.nan)) or s, "model parameter"),
+    "inf weight": (lambda s: _set(s, ["model", "head.weight"], s["model"]["head.weight"].index_fill(0, torch.tensor([0]), math.inf)) or s, "model parameter 'head.weight' holds"),
+    "negative exp_avg_sq": (lambda s: _set(s, ["opt", "state", 3, "exp_avg_sq"], -s["opt"]["state"][3]["exp_avg_sq"] - 1) or s, "optimizer state 'exp_avg_sq' of parameter 3 must be finite and >= 0"),
+    "NaN exp_avg_sq": (lambda s: _set(s, ["opt", "state", 0, "exp_avg_sq"], torch.full_like(s["opt"]["state"][0]["exp_avg_sq"], math.nan)) or s, "optimizer state 'exp_avg_sq' of parameter 0"),
+    "inf exp_avg": (lambda s: _set(s, ["opt", "state", 2, "exp_avg"], torch.full_like(s["opt"]["state"][2]["exp_avg"], -math.inf)) or s, "optimizer state 'exp_avg' of parameter 2 must be finite, got"),
     "lr off the schedule": (lambda s: _set(s, ["opt", "param_groups", 1, "lr"], 1.0) or s, "optimizer group 'decay' has initial_lr 0.003 and lr 1.0, the schedule base lr 0.003 and last lr"),
     "string schedule step": (lambda s: _set(s, ["sched", "last_epoch"], "2") or s, "last_epoch equals step 3, got '2'"),
     "schedule off its step": (lambda s: _set(s, ["sched", "last_epoch"], 1) or s, "last_epoch equals step 3, got 1"),

@@ -83,10 +83,16 @@ def _check_model_input(model, x, name, ndim):
         if not x.is_floating_point(): raise TypeError(f"{name} must be a real floating-point tensor (this model has d_input={model.d_input}), got {x.dtype}")
         if x.shape[-1] != model.d_input: raise ValueError(f"{name} must have {model.d_input} features in its last dimension, got shape {tuple(x.shape)}")
 
+def _check_recurrent(model):
+    "A SequenceModel whose layers all have the recurrent form (`step` and `initial_state`); a TypeError naming the first that has not."
+    for layer in model.layers:
+        if not (hasattr(layer, "step") and hasattr(layer, "initial_state")):
+            raise TypeError(f"{type(layer).__name__} has no step() or initial_state(): only recurrent layers can run step by step")
+
 def _check_step_args(model, x_t, states):
     "SequenceModel.step's arguments: a per-step model (pool=None) of layers that have a step, its input, one state per layer."
     if model.pool is not None: raise ValueError(f"step needs a per-step model (pool=None), this one has pool={model.pool!r}")
-    if not all(hasattr(layer, "step") for layer in model.layers): raise TypeError(f"{type(model.layers[0]).__name__} has no step(): only recurrent layers can run step by step")
+    _check_recurrent(model)
     _check_model_input(model, x_t, "x_t", 2)
     if not isinstance(states, (list, tuple)): raise TypeError(f"states must be a list with one state per layer (as initial_state(batch) gives), got {type(states).__name__}")
     if len(states) != len(model.layers): raise ValueError(f"states must hold one state per layer: got {len(states)}, expected {len(model.layers)} (n_layers)")

@@ -42,7 +42,11 @@ def _backend(device):
 
 # %% ../../nbs/engine/train.ipynb #299f496c
 def _check_number(x, name, positive=True, hint=""):
-    "A finite real number (not a bool or a string), > 0 if `positive` else >= 0, as a float; `hint` ends the error message."
+    "A finite real number (not a bool or a string; a 0-d real tensor gives its value), > 0 if `positive` else >= 0, as a float; `hint` ends the error message."
+    if isinstance(x, Tensor):  # as AdamW takes lr: a 0-d real tensor whose value can be read
+        if x.ndim or x.is_complex() or x.dtype == torch.bool or values_hidden(x):
+            raise TypeError(f"{name} must be a real number or a 0-d real tensor, got a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}{hint}")
+        x = x.item()
     if isinstance(x, bool) or not isinstance(x, numbers.Real): raise TypeError(f"{name} must be a real number, got {x!r} of type {type(x).__name__}{hint}")
     if not math.isfinite(x) or (x <= 0 if positive else x < 0): raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {x}{hint}")
     return float(x)
@@ -134,6 +138,9 @@ def _check_trainer_state(trainer, s, path):
         raise bad(f"model must map parameter names to tensors, got {got(model) if not isinstance(model, dict) else sorted({type(v).__name__ for v in model.values()})}")
     diff = sorted(set(own) ^ set(model)) or [k for k in own if (own[k].shape, own[k].dtype) != (model[k].shape, model[k].dtype)]
     if diff: raise ValueError(f"checkpoint {path} holds another model (parameters that differ in name, shape or dtype: {diff[:4]})")
+    for k, _ in trainer.module.named_parameters():  # trained weights are finite (buffers, such as masks, may hold -inf)
+        if k in model and (model[k].is_floating_point() or model[k].is_complex()) and not bool(torch.isfinite(model[k]).all()):
+            raise bad(f"model parameter {k!r} holds {int((~torch.isfinite(model[k])).sum())} NaN or infinite value(s)")
     step, h = s["step"], s["history"]
     if not is_int(step) or step < 0: raise bad(f"step must be an integer >= 0, got {got(step)}")
     if not isinstance(h, dict): raise bad(f"history must be a dict of lists, got {got(h)}")
@@ -165,6 +172,9 @@ def _check_trainer_state(trainer, s, path):
             shape = () if k == "step" else tuple(params[i].shape)  # AdamW: a step count, and moments shaped like the parameter
             if not ((isinstance(v, Tensor) and tuple(v.shape) == shape and v.is_floating_point()) or (k == "step" and is_real(v))):
                 raise bad(f"optimizer state {k!r} of parameter {i} must be a floating-point tensor of shape {shape}, got {got(v) if not isinstance(v, Tensor) else f'{v.dtype} {tuple(v.shape)}'}")
+        for k in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):  # the moments: finite, and the squared ones >= 0 (AdamW divides by their root)
+            if k in st and not bool(torch.isfinite(st[k]).all() and (k == "exp_avg" or (st[k] >= 0).all())):
+                raise bad(f"optimizer state {k!r} of parameter {i} must be finite{'' if k == 'exp_avg' else ' and >= 0 (a mean of squared gradients)'}, got values from {st[k].min().item()} to {st[k].max().item()}")
         n = float(st["step"])
         if not (math.isfinite(n) and n == int(n) and 1 <= n <= step):  # steps this parameter was updated: 1 to the checkpoint's step
             raise bad(f"optimizer state 'step' of parameter {i} is {n}, expected a whole number from 1 to the checkpoint's step {step}")
