@@ -339,3 +339,105 @@ def test_ssd_is_the_lessons_four_steps(dtype, l, Q, gated):
     xdt, dA, _ = _inputs(kw["x"], kw["dt"], kw["A"], kw.get("log_decay"), dtype)
     y_c, s_c = _ssd_chunks(xdt, dA, kw["B"], kw["C"], Q, kw["initial_states"])
     assert torch.equal(y, y_c + kw["D"][:, None] * kw["x"]) and torch.equal(s, s_c)
+
+
+# ---- issue 28: the duality as one identity (notebook 09) -------------------------------------------------------------
+from ssm_course.scan import scan_chunked, scan_sequential
+from ssm_course.conv import ssm_kernel, fft_conv
+
+
+def ssd_matrix(log_a, B, C, chunk):
+    "The L x L matrix that `ssd` applies to one head's input (dt=None, log_decay given), read off from its output on the L unit impulses (p = L channels)."
+    L = log_a.shape[0]
+    eye = torch.eye(L, dtype=B.dtype)[None, :, None, :]  # channel s carries an impulse at step s
+    return ssd(eye, None, None, B[None, :, None], C[None, :, None], chunk_size=chunk, log_decay=log_a[None, :, None])[0, :, 0, :]
+
+
+def matrix_loop(a, B, C):
+    "M_ts = (prod_{s<r<=t} a_r) C_t . B_s for s <= t, 0 above: products and sums in plain Python floats (float64)."
+    L = len(a)
+    return torch.tensor([[math.prod(a[s + 1:t + 1]) * sum(c * b for c, b in zip(C[t], B[s])) if s <= t else 0.0 for s in range(L)]
+                         for t in range(L)], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("L, n, chunk, seed", [(40, 3, 8, 0), (33, 5, 7, 1), (24, 1, 24, 2), (50, 4, 64, 3)])
+def test_ssd_matrix_is_semiseparable_on_and_below_the_diagonal(L, n, chunk, seed):
+    "Issue 28 item 17: the matrix ssd applies equals the loop's L o (C B^T), and every submatrix on or below the diagonal, M[j:, :j+1] (all others are inside one of these), has rank min(n, j+1, L-j): rank n through the state at step j, the diagonal included."
+    gen = torch.Generator().manual_seed(seed)
+    a = 0.7 + 0.3 * torch.rand(L, generator=gen, dtype=torch.float64)
+    B, C = torch.randn(L, n, generator=gen, dtype=torch.float64), torch.randn(L, n, generator=gen, dtype=torch.float64)
+    M = ssd_matrix(torch.log(a), B, C, chunk)
+    torch.testing.assert_close(M, matrix_loop(a.tolist(), B.tolist(), C.tolist()), rtol=0, atol=1e-13)
+    ranks = [torch.linalg.matrix_rank(M[j:, :j + 1]).item() for j in range(L)]
+    assert ranks == [min(n, j + 1, L - j) for j in range(L)], ranks
+    for j in range(n, L - n):  # the rank is exactly n: n singular values well above rounding, the rest at it
+        s = torch.linalg.svdvals(M[j:, :j + 1])
+        assert s[n - 1] > 1e-6 * s[0] and (n == len(s) or s[n] < 1e-14 * s[0]), (j, s[n - 1:n + 1] / s[0])
+
+
+@pytest.mark.parametrize("L, n, p, chunk", [(64, 4, 3, 16), (45, 1, 2, 8), (30, 6, 1, 64)])
+def test_ssd_time_invariant_is_the_toeplitz_convolution(L, n, p, chunk):
+    "Issue 28 item 2: with constant dt, B, C, ssd's output is notebook 04's causal convolution with K_l = C dA^l dB (dA = e^{dt A} I, dB = dt B; 04's ssm_kernel, by Krylov doubling), as T_K x and by fft_conv."
+    gen = torch.Generator().manual_seed(L + n)
+    dt, A = 0.15, -0.8
+    B, C = torch.randn(n, generator=gen, dtype=torch.float64), torch.randn(n, generator=gen, dtype=torch.float64)
+    x = torch.randn(1, L, 1, p, generator=gen, dtype=torch.float64)
+    K = ssm_kernel(math.exp(dt * A) * torch.eye(n, dtype=torch.float64), dt * B, C, L)
+    t, s = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    T_K = torch.where(t >= s, K[(t - s).clamp(min=0)], 0.0)
+    y = ssd(x, torch.full((1, L, 1), dt, dtype=torch.float64), torch.tensor([A], dtype=torch.float64),
+            B.expand(1, L, 1, n), C.expand(1, L, 1, n), chunk_size=chunk)[0, :, 0]  # (L, p)
+    torch.testing.assert_close(y, T_K @ x[0, :, 0], rtol=0, atol=1e-13)
+    torch.testing.assert_close(y.T, fft_conv(x[0, :, 0].T, K), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("L, chunk", [(100, 16), (37, 5), (8, 64), (256, 1)])
+def test_chunked_scan_is_ssd_with_one_state_and_one_channel(L, chunk):
+    "Issue 28 item 3: notebook 07's chunked scan is SSD with N = p = 1 and B = C = 1: ssd on log_decay = log a equals scan_chunked at the same chunk and the loop."
+    gen = torch.Generator().manual_seed(L)
+    a, b = 0.3 + 0.7 * torch.rand(3, L, generator=gen, dtype=torch.float64), torch.randn(3, L, generator=gen, dtype=torch.float64)
+    one = torch.ones(3, L, 1, 1, dtype=torch.float64)
+    y = ssd(b[..., None, None], None, None, one, one, chunk_size=chunk, log_decay=torch.log(a)[..., None])[..., 0, 0]
+    torch.testing.assert_close(y, scan_sequential(a, b), rtol=0, atol=1e-13)
+    torch.testing.assert_close(y, scan_chunked(a, b, chunk=chunk), rtol=0, atol=1e-13)
+
+
+def test_masked_linear_attention_is_the_recurrence():
+    "Issue 28 item 5: (Q K^T o L) V with a 1-semiseparable mask L_ts = prod a_r, summed term by term in float64, equals ssd's recurrence S_t = a_t S_{t-1} + k_t v_t^T, y_t = S_t^T q_t (q -> C, k -> B, v -> the input)."
+    gen = torch.Generator().manual_seed(11)
+    b, L, h, n, p = 2, 23, 3, 4, 5
+    q, k = torch.randn(b, L, h, n, generator=gen, dtype=torch.float64), torch.randn(b, L, h, n, generator=gen, dtype=torch.float64)
+    v, a = torch.randn(b, L, h, p, generator=gen, dtype=torch.float64), 0.5 + 0.5 * torch.rand(b, L, h, generator=gen, dtype=torch.float64)
+    want = torch.zeros(b, L, h, p, dtype=torch.float64)
+    for t in range(L):
+        for s in range(t + 1):
+            mask = torch.prod(a[:, s + 1:t + 1], 1)  # (b, h)
+            want[:, t] += (mask * (q[:, t] * k[:, s]).sum(-1))[..., None] * v[:, s]
+    for f in (ssd, ssd_quadratic, ssd_ref):
+        torch.testing.assert_close(f(v, None, None, k, q, chunk_size=8, log_decay=torch.log(a)), want, rtol=0, atol=1e-13)
+
+
+def test_log_sigmoid_gates_near_zero_float32():
+    "Issue 28 item 11: log sigma(z) as -softplus(-z) matters for gates near 0, not near 1: in float32 log(sigmoid(-120)) is -inf with a NaN gradient; through ssd with gates from sigma(-130) to sigma(30), -softplus(-z) gives the float64 value (observed 1.5e-7 relative) and gradient (1.7e-7), the naive route a NaN gradient at every gate that rounds to 0."
+    z = torch.tensor([-120.0, -30.0, 0.0, 20.0], requires_grad=True)
+    naive, stable = torch.log(torch.sigmoid(z)), -F.softplus(-z)
+    g_naive, = torch.autograd.grad(naive.sum(), z)
+    g_stable, = torch.autograd.grad(stable.sum(), z)
+    z64 = z.detach().double()
+    assert naive[0].item() == -math.inf and torch.isnan(g_naive[0]) and torch.isfinite(g_naive[1:]).all()
+    torch.testing.assert_close(stable.double(), torch.log(torch.sigmoid(z64)), rtol=2 ** -23, atol=0)
+    torch.testing.assert_close(g_stable.double(), 1 - torch.sigmoid(z64), rtol=2 ** -23, atol=0)
+    assert torch.exp(stable[3]).item() == 1.0 == torch.exp(naive[3]).item()  # near 1 the two logs differ (0 vs -2e-9), the decay does not
+    gen = torch.Generator().manual_seed(3)
+    x, B, C = torch.randn(2, 40, 4, 8, generator=gen), torch.randn(2, 40, 1, 16, generator=gen), torch.randn(2, 40, 1, 16, generator=gen)
+    logit = torch.empty(2, 40, 4).uniform_(-130, 30, generator=gen)
+    l64 = logit.double().requires_grad_()
+    y64 = ssd_ref(x.double(), None, None, B.double(), C.double(), log_decay=torch.log(torch.sigmoid(l64)))
+    g64, = torch.autograd.grad(y64.sum(), l64)
+    for route in ("stable", "naive"):
+        lg = logit.clone().requires_grad_()
+        y = ssd(x, None, None, B, C, chunk_size=16, log_decay=-F.softplus(-lg) if route == "stable" else torch.log(torch.sigmoid(lg)))
+        g, = torch.autograd.grad(y.sum(), lg)
+        assert rel(y, y64) < 3e-7, (route, rel(y, y64))
+        if route == "stable": assert torch.isfinite(g).all() and rel(g, g64) < 3e-7, rel(g, g64)
+        else: assert torch.equal(torch.isnan(g), torch.sigmoid(logit) == 0) and (torch.sigmoid(logit) == 0).any()
