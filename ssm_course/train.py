@@ -28,7 +28,7 @@ class Trainer:
                  data:tuple|Callable, # a function f(n, generator) -> (x, y), or a pair of tensors (x, y)
                  steps:int, # planned number of optimizer steps (sets the schedule)
                  batch_size:int=32, # global batch (split across processes)
-                 lr:float=3e-3, # peak learning rate
+                 lr:float=3e-3, # peak learning rate (a number, or a 0-d real tensor: its value is used)
                  weight_decay:float=0.01, # AdamW weight decay of ordinary matrices
                  ssm_lr:float=1e-3, # learning-rate cap of the SSM parameters (`ssm_param_groups`)
                  warmup:int=0, # linear warm-up steps
