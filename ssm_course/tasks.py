@@ -136,9 +136,12 @@ def sequential_digits(
     permuted:bool=False, # apply a fixed random pixel permutation
     seed:int=0, # seed of the split and of the permutation
 )->tuple[Tensor, Tensor]: # x (n, 64, 1) float in [0, 1], y (n,) labels 0..9
-    "scikit-learn's 8x8 digits as 64-step pixel sequences (bundled with scikit-learn: no download)."
+    "scikit-learn's 8x8 digits (its copy of the UCI optdigits test set, no download) as 64-step pixel sequences; needs scikit-learn (the `course` extra)."
     if split not in ("train", "test"): raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    from sklearn.datasets import load_digits
+    try: from sklearn.datasets import load_digits
+    except ImportError as e:  # not a dependency of the library: say what to install
+        raise ModuleNotFoundError('sequential_digits reads scikit-learn\'s copy of the digits, and scikit-learn is not installed: '
+                                  'pip install scikit-learn, or pip install "ssm_course[course]"', name="sklearn") from e
     d = load_digits()
     x = torch.tensor(d.images.reshape(-1, 64) / 16.0, dtype=torch.float32)
     y = torch.tensor(d.target, dtype=torch.long)

@@ -49,6 +49,18 @@ def test_sequential_digits():
     assert x.shape == (360, 64, 1) and set(y.tolist()) == set(range(10)) and 0 <= x.min() and x.max() <= 1
 
 
+def test_sequential_digits_without_scikit_learn_names_what_to_install():
+    "scikit-learn is not a dependency of the library: without it the error says what to install (was a bare ModuleNotFoundError)."
+    code = ("import sys; sys.modules['sklearn'] = None  # as in a plain `pip install ssm_course`\n"
+            "from ssm_course.tasks import sequential_digits\n"
+            "try: sequential_digits()\n"
+            "except ModuleNotFoundError as e: print(e.name, '|', e)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    assert r.stdout.strip() == ("sklearn | sequential_digits reads scikit-learn's copy of the digits, and scikit-learn is not installed: "
+                                'pip install scikit-learn, or pip install "ssm_course[course]"'), r.stdout
+
+
 def _trainer(seed=0):
     torch.manual_seed(seed)
     m = SequenceModel(4, d_model=8, n_layers=1, layer="lru", vocab_size=4, pool=None)
