@@ -1,4 +1,4 @@
-"""The SSMs of the course as `nn.Module`s you can drop into a model: S4D, S4 (DPLR), DSS, LRU and Mamba, each with a parallel `forward` for training (convolution or scan), an O(1)-per-token `step` for inference, and a carried state so long inputs can be processed in pieces. Then the family: linear attention, RetNet, GateLoop, minGRU, minLSTM and LRU as the same scan.
+"""The SSMs of the course as `nn.Module`s you can drop into a model: S4D, S4 (DPLR), DSS, LRU and Mamba, each with a parallel `forward` for training (convolution or scan), an O(1)-per-token `step` for inference, and a carried state so long inputs can be processed in pieces. Then the family: linear attention, RetNet, gated retention, GateLoop, minGRU, minLSTM and the LRU as choices of the decay mask in notebook 09's identity between masked attention and a recurrence.
 
 Docs: https://ssm-course.github.io/ssm_course/layers.html.md"""
 

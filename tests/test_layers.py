@@ -524,3 +524,49 @@ def test_initial_state_of_a_model_without_recurrent_form():
     with pytest.raises(TypeError, match=r"CausalAttention has no step\(\) or initial_state\(\)"): m.step(torch.randn(1, 2), [None, None])
     s = SequenceModel(3, d_model=6, n_layers=2, layer="lru", d_input=2).initial_state(2)
     assert len(s) == 2 and all(torch.equal(t, torch.zeros(2, 6, dtype=torch.complex64)) for t in s)
+
+
+def test_initialization_against_the_reference_code():
+    """Issue 28 item 16, lesson 12's 'Against the reference code': S4D's and S4's C have E|C|^2 = 1/2 (state-spaces/s4's
+    torch.randn(..., dtype=cfloat): 1), DSS's W 2; Mamba's dt_proj.weight is nn.Linear's default, which is mamba_ssm's
+    U(-dt_rank^-1/2, dt_rank^-1/2) draw number for number; no dt_init_floor; SequenceModel keeps PyTorch's defaults
+    (out_proj bound 1/sqrt(d_inner) at any depth, N(0, 1) embedding, random biases), not MixerModel's _init_weights."""
+    from ssm_course.layers import DSS
+    from ssm_course._engine.layers import _c
+    torch.manual_seed(0)
+    for layer, attr, expected in [(S4D(512, 64), "C", 0.5), (S4(128, 64), "C", 0.5), (DSS(256, 64), "W", 2.0)]:
+        m2 = _c(getattr(layer, attr)).abs().square().mean().item()  # 8192-16384 entries: standard error <= 1.1%
+        assert abs(m2 - expected) < 0.04 * expected, (type(layer).__name__, m2)
+    assert abs(torch.randn(16384, dtype=torch.complex64).abs().square().mean().item() - 1) < 0.04  # what s4 draws
+    m = Mamba(256)  # d_inner 512, dt_rank 16: 8192 weights
+    r, w = m.dt_rank, m.dt_proj.weight.detach().double()
+    assert w.abs().max() <= r ** -0.5 and abs(w.var().item() * 3 * r - 1) < 0.05  # U(-b, b) with b = r^-1/2: variance b^2/3
+    torch.manual_seed(1); default = torch.nn.Linear(r, 512).weight
+    torch.manual_seed(1); mambas = torch.nn.init.uniform_(torch.empty(512, r), -r ** -0.5, r ** -0.5)
+    assert torch.equal(default, mambas)
+    import torch.nn.functional as F
+    assert F.softplus(Mamba(8, dt_min=1e-6, dt_max=1e-5).dt_proj.bias.double()).max() < 1e-4  # mamba_ssm would clamp these to 1e-4
+    model = SequenceModel(5, d_model=64, n_layers=4, layer="mamba", vocab_size=11)
+    assert all(abs(l.out_proj.weight.abs().max().item() * math.sqrt(l.d_inner) - 1) < 1e-3 for l in model.layers)  # mamba_ssm: 1/sqrt(4)
+    assert abs(model.encoder.weight.std().item() - 1) < 0.1 and model.head.bias.abs().min() > 0  # mamba_ssm: 0.02 and 0
+
+
+def test_lru_scan_takes_the_toeplitz_path_only_without_the_compiled_loop(monkeypatch):
+    """Lesson 12's Summary: LRU.forward hands its constant decay to scan as a (N, 1); on a CPU with numba installed scan runs the
+    compiled loop, and only without it (_loop None: PyTorch's path) the chunked scan whose local scans are one product with the
+    Toeplitz block of powers (_scan_lti). Both equal the float64 loop of the recurrence."""
+    import ssm_course.scan as S
+    if S._loop is None: pytest.skip("numba is not installed: the compiled loop is absent")
+    real, calls = S._scan_lti, []
+    monkeypatch.setattr(S, "_scan_lti", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    torch.manual_seed(0)
+    lru, x = LRU(4, 6), torch.randn(2, 50, 4)
+    with torch.no_grad():
+        lru64 = copy.deepcopy(lru).double()
+        ref = steps(lru64, x.double(), lru64.initial_state(2))[0]  # the recurrence, one step at a time, float64
+        y_loop = lru(x)
+        assert not calls
+        monkeypatch.setattr(S, "_loop", None)
+        y_lti = lru(x)
+    assert calls and calls[0] == (6, 1)  # the decay, once per state
+    assert _rel(y_loop, ref) < 5e-7 and _rel(y_lti, ref) < 5e-7  # observed 2.8e-7 and 3.0e-7
