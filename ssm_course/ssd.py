@@ -159,8 +159,9 @@ def ssd(
     """Mamba-2's chunked SSD: the quadratic form within chunks of $Q$ steps, a scan of states across them; any length; in float32 (float64 for float64 inputs) whatever the caller's autocast.
 
     An output depends only on the inputs up to its step, also with NaN or huge values later (for a growing state, $A > 0$, the chunk
-    length depends on the largest step, so a huge later step can change earlier outputs by rounding). `torch.func.vmap` and `grad` work;
-    under vmap the value checks (dt >= 0, log_decay <= 0) and the chunk shortening for a growing state are skipped."""
+    length depends on the largest step, so a huge later step can change earlier outputs by rounding). `torch.func.vmap` and `grad` work,
+    and so does `torch.compile`, computing the same: the value checks (dt >= 0, log_decay <= 0) and that chunk length read every
+    mapped slice under vmap (one chunk for all), and run outside the compiled graph (a graph break: `fullgraph=True` refuses it)."""
     b, l, h, p, g, n, dtype = _check_ssd(x, dt, A, B, C, D, initial_states, log_decay)
     Q = check_size(chunk_size, "chunk_size")
     kernel_ok = log_decay is None and dt is not None and x.dtype == torch.float32

@@ -604,7 +604,7 @@ import triton
 from .checks import broadcast_shapes, check_size, full_precision
 from .gpu_report import jit_signature
 from .selective import _to_front, _fold_channels, _unfold_channels
-from .ssd import _growth_chunk
+from ._engine.ssd import _growth_chunk, _largest_growth
 from .triton_scan import scan_triton
 
 # %% ../nbs/engine/triton_ssm.ipynb #14d3fc6f
@@ -793,6 +793,7 @@ class _SelectiveTriton(torch.autograd.Function):
     def vmap(info, in_dims, u, delta, A, B, C, D, z, bias, x0, softplus, chunk):  # the mapped axis as more channels
         V = info.batch_size
         args = _fold_channels(V, in_dims[:9], (u, delta, A, B, C, D, z, bias, x0), ("b", "b", "d", "BC", "BC", "d", "b", "d", "b"))
+        args = [X.contiguous() if i not in (3, 4) and X is not None else X for i, X in enumerate(args)]  # dense, as the kernels read them (B, C by strides)
         y, last, xs = _SelectiveTriton.apply(*args, softplus, chunk)
         return (_unfold_channels(V, y), _unfold_channels(V, last), _unfold_channels(V, xs)), (0, 0, 0)
 
@@ -817,9 +818,9 @@ def selective_scan_triton(
     for X, name in [(u, "u"), (delta, "delta"), (A, "A"), (B, "B"), (C, "C"), (D, "D"), (z, "z"), (delta_bias, "delta_bias"), (initial_state, "initial_state")]:
         if X is not None and X.dtype == torch.float64: raise ValueError(f"the Triton selective scan computes in float32, got {name} in float64; use backend='torch'")
     chunk = check_size(chunk, "chunk")
-    f = lambda X: None if X is None else X.float()  # a no-op for float32: B and C keep their strides
-    c = lambda X: None if X is None else X.float().contiguous()
-    y, last, _ = _SelectiveTriton.apply(c(u), c(delta), c(A), f(B), f(C), f(D), c(z), f(delta_bias), c(initial_state), delta_softplus, chunk)
+    f = lambda X: None if X is None else X.float()  # a no-op for float32: B and C keep their strides (the kernels read them by strides)
+    c = lambda X: None if X is None else X.float().contiguous()  # the others are read as dense arrays
+    y, last, _ = _SelectiveTriton.apply(c(u), c(delta), c(A), f(B), f(C), c(D), c(z), c(delta_bias), c(initial_state), delta_softplus, chunk)
     y = y.to(u.dtype)
     return (y, last) if return_last_state else y
 
@@ -843,7 +844,7 @@ def selective_forward_triton(
 def _fold_batch(fn, info, in_dims, *args):
     "vmap of an SSD Function whose tensors all lead with the batch: the mapped axis folded into it, and unfolded from the outputs."
     V = info.batch_size
-    out = fn.apply(*[_to_front(a, d, V).flatten(0, 1) if isinstance(a, Tensor) else a for a, d in zip(args, in_dims)])
+    out = fn.apply(*[_to_front(a, d, V).flatten(0, 1).contiguous() if isinstance(a, Tensor) else a for a, d in zip(args, in_dims)])  # dense for the kernels
     return out.unflatten(0, (V, -1)), 0
 
 class _SSDCB(torch.autograd.Function):
@@ -918,7 +919,7 @@ def ssd_triton(
     Q = max(16, triton.next_power_of_2(min(check_size(chunk_size, "chunk_size"), x.shape[1])))  # at most l, in the kernels' tiles
     Qg = _growth_chunk(Q, Q, A, dt.float() * A.float(), torch.float32)  # a growing state: at most 44 / (largest dt A) steps
     if Qg < 16:
-        g = (dt.float() * A.float()).nan_to_num(0, 0, 0).max().item()
+        g = _largest_growth(A, dt.float() * A.float())
         raise ValueError(f"a growing state: dt A reaches {g:.3g} per step, so a chunk of 16 steps (the kernels' smallest) would form decay factors up to "
                          f"e^{16 * g:.0f}, past the e^44 (the square root of float32's largest number) chunks are held to; use backend='torch' (it shortens its chunks down to one step)")
     Q = min(Q, 1 << (Qg.bit_length() - 1))

@@ -469,6 +469,29 @@ def test_triton_create_graph_raises_whatever_the_loss(op, loss):
         torch.func.grad(lambda t: L(f(t, "triton")))(t.clone())
 
 
+def test_triton_reads_dense_copies_of_strided_and_vmapped_arguments():
+    """Found with issue 25 follow-up 2: the kernels read u, delta, A, D, z, delta_bias, the initial state and all of SSD's inputs as
+    dense arrays, but a strided D or delta_bias (a slice of a parameter) went in as it was (relative error 0.65), and so did the vmap
+    rules' folded tensors, which are strided views when an unmapped argument is expanded over a batch or a channel axis of size 1:
+    vmapped ssd with b = 1 gave NaN, the selective scan with d = 1 errors of 1e31. Now each is made dense first: the float64
+    loop's results (observed at most 4.2e-7). Under vmap the SSD chunk for a growing state also counts every mapped slice's A."""
+    g = torch.Generator().manual_seed(27)
+    b, d, n, l = 2, 4, 3, 20
+    u, dl, A, B, C = torch.randn(b, d, l, generator=g), torch.randn(b, d, l, generator=g), -torch.rand(d, n, generator=g), torch.randn(b, n, l, generator=g), torch.randn(b, n, l, generator=g)
+    D, bias = torch.randn(2 * d, generator=g)[::2], torch.randn(2 * d, generator=g)[::2]
+    y = selective_scan(u, dl, A, B, C, D=D, delta_bias=bias, delta_softplus=True, backend="triton")
+    assert rel(y, selective_scan_ref(u.double(), dl.double(), A.double(), B.double(), C.double(), D=D.double(), delta_bias=bias.double(), delta_softplus=True)) < 5e-7
+    A1, D1, u1, dl1 = -torch.rand(3, 1, n, generator=g), torch.randn(3, 1, generator=g), u[:, :1], dl[:, :1]  # one channel
+    y = torch.func.vmap(lambda A, D: selective_scan(u1, dl1, A, B, C, D=D, delta_softplus=True, backend="triton"))(A1, D1)
+    for v in range(3): assert rel(y[v], selective_scan_ref(u1.double(), dl1.double(), A1[v].double(), B.double(), C.double(), D=D1[v].double(), delta_softplus=True)) < 5e-7
+    kw = ssd_inputs(g, b=1, l=40, h=2, grp=1, p=4, n=8, h0=False)
+    xs = torch.randn(2, *kw["x"].shape, generator=g)
+    xs[..., :30, :, :] = 0  # input over the last 10 steps only
+    As = torch.tensor([[1.5, -1.0], [-1.0, -0.5]])  # a growing head in one mapped slice: chunks of 16 (the kernels' smallest is enough: 1.5 x 16 < 44)
+    y = torch.func.vmap(lambda x, A: ssd(x, kw["dt"].clamp(max=1), A, kw["B"], kw["C"], chunk_size=64, backend="triton"))(xs, As)
+    for v in range(2): assert torch.isfinite(y[v]).all() and rel(y[v], ssd_ref(xs[v].double(), kw["dt"].clamp(max=1).double(), As[v].double(), kw["B"].double(), kw["C"].double())) < 5e-7
+
+
 def test_triton_mixed_devices_name_the_argument():
     "Issue 25 item 22 through backend='triton': the public ops check devices before dispatching."
     kw = ssd_inputs(torch.Generator().manual_seed(16), l=8, h=2, grp=1, p=3, n=4)

@@ -15,14 +15,22 @@ from ..checks import check_tensor, check_size, float_dtype, resolve_backend, val
 from .selective import _same_device
 
 # %% ../../nbs/engine/ssd.ipynb #369eeaed
-def _unreadable(*xs):
-    "Whether some tensor's values cannot be read: `values_hidden` (compile, meta), or mapped by `torch.func.vmap` (at any level of functorch's wrappers)."
-    for x in xs:
-        if values_hidden(x): return True
-        while isinstance(x, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(x):
-            if torch._C._functorch.is_batchedtensor(x): return True
-            x = torch._C._functorch.get_unwrapped(x)
-    return False
+def _values(x):
+    """`x` as a plain tensor whose values can be read, or None: under `torch.func` transforms the tensor below their wrappers (a
+    `vmap`ped tensor's holds every mapped slice, so a check or a maximum covers them all); None for None, on the meta device and
+    while `torch.compile` traces (the functions that read values are excluded from its graph, so they see the real tensors)."""
+    while isinstance(x, Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(x): x = torch._C._functorch.get_unwrapped(x)
+    return None if x is None or values_hidden(x) else x
+
+@torch.compiler.disable  # under torch.compile: a graph break, run on the real tensors
+def _check_signs(dt, log_decay):
+    "$\\Delta \\ge 0$ and `log_decay` $\\le 0$, in every mapped slice under `vmap` and under `torch.compile` too; skipped on the meta device."
+    dt, log_decay = _values(dt), _values(log_decay)
+    if dt is not None and not bool((dt >= 0).all()):  # 0 is allowed: no step (float32 softplus underflows to it)
+        bad = dt[~(dt >= 0)]
+        raise ValueError(f"dt must be >= 0 (0 leaves the state unchanged), got {bad[0].item()} ({bad.numel()} such entries)")
+    if log_decay is not None and not bool((log_decay <= 0).all()):
+        raise ValueError(f"log_decay must be <= 0 (a decay of at most 1 per step), got max {log_decay.max().item()}")
 
 def _check_ssd(x, dt, A, B, C, D, initial_states, log_decay=None):
     "Validate Mamba-2 layouts; return (b, l, h, p, g, n, compute dtype)."
@@ -47,11 +55,7 @@ def _check_ssd(x, dt, A, B, C, D, initial_states, log_decay=None):
     _same_device("x", **given)
     for name, t in given.items():
         if t is not None and (t.is_complex() or t.dtype == torch.bool): raise TypeError(f"{name} must be a real tensor (ssd computes in real arithmetic), got dtype {t.dtype}")
-    if dt is not None and not _unreadable(dt) and not bool((dt >= 0).all()):  # 0 is allowed: no step (float32 softplus underflows to it)
-        bad = dt[~(dt >= 0)]
-        raise ValueError(f"dt must be >= 0 (0 leaves the state unchanged), got {bad[0].item()} ({bad.numel()} such entries)")
-    if log_decay is not None and not _unreadable(log_decay) and not bool((log_decay <= 0).all()):
-        raise ValueError(f"log_decay must be <= 0 (a decay of at most 1 per step), got max {log_decay.max().item()}")
+    _check_signs(dt, log_decay)
     dtype = float_dtype(*[t for t in given.values() if t is not None])
     return b, l, h, p, g, n, dtype
 
@@ -79,15 +83,24 @@ def _causal_apply(M, v, eq, dim):
     return torch.einsum(eq, M, v).masked_fill(after, math.nan)
 
 # %% ../../nbs/engine/ssd.ipynb #e09c0019
+@torch.compiler.disable  # under torch.compile: a graph break, so that the values are read
+def _largest_growth(A, dA):
+    "The largest finite step dt A of a growing state (some A > 0) over every mapped slice under `vmap`; 0 if none, or on the meta device."
+    A, dA = _values(A), _values(dA)
+    if A is None or dA is None or not bool((A > 0).any()): return 0.0
+    return torch.where(torch.isfinite(dA), dA, 0).max().item()  # NaN and inf steps are non-finite in the loop anyway
+
+@torch.compiler.disable  # the graph after it is traced for the chunk it returns (Dynamo guards on that integer)
 def _growth_chunk(Q, l, A, dA, dtype):
     """The chunk to use: at most `l` (more would be padding), and, for a growing state (some A > 0), short enough that a decay
     factor inside a chunk stays below the square root of the largest float (e^44 in float32): chunk x (largest finite dt A) <= 44."""
     Q = min(Q, l)
-    if A is None or _unreadable(A, dA) or not bool((A > 0).any()): return Q
-    grow = torch.where(torch.isfinite(dA), dA, 0).max().item()  # NaN and inf steps are non-finite in the loop anyway
+    grow = _largest_growth(A, dA)
     return min(Q, max(1, int(math.log(torch.finfo(dtype).max) / 2 / grow))) if grow > 0 else Q
 
+@torch.compiler.disable  # read on the real values under torch.compile (a graph break)
 def _check_mask(Lmask):
     "Refuse a decay mask that overflowed (a growing state over many steps): its `inf` times the zero inputs would be NaN."
-    if not _unreadable(Lmask) and bool(torch.isinf(Lmask).any()):
+    Lmask = _values(Lmask)
+    if Lmask is not None and bool(torch.isinf(Lmask).any()):
         raise ValueError("the decay mask exp(segsum(dt A)) overflows: a growing state (dt A > 0) over this many steps; use ssd or ssd_ref")
