@@ -458,3 +458,12 @@ def test_engine_does_not_import_the_public_module():
     code = ("import sys, ssm_course._engine.scan as E\nassert 'ssm_course.scan' not in sys.modules, 'the engine imported the public module'\n"
             "import ssm_course.scan as S\nassert all(getattr(S, n) is getattr(E, n) for n in ('_check_scan', '_dtype', '_loop', '_scan_loop', '_scan_cpu', '_scan_lti', '_scan_traced', '_empty'))\n")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+
+
+def test_compiled_scan_state_passing_is_inf_times_zero_safe():
+    "Under torch.compile, scan's state passing multiplies with lesson 07's _mul: products of growing decays that overflow times a zero state give 0, as the loop does (a plain * gave NaN from step 2)."
+    a = torch.full((1, 200), float(np.exp(43.5)), dtype=torch.float32)
+    b = torch.zeros(1, 200); b[0, 150] = 1.0
+    y = torch.compile(lambda a, b: scan(a, b, backend="torch"), backend="eager", dynamic=True)(a, b)
+    ref = scan_sequential(a.double(), b.double()).float()
+    assert torch.equal(torch.isfinite(y), torch.isfinite(ref)) and not y[0, :150].any()

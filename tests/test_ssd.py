@@ -373,11 +373,8 @@ def test_ssd_compiled_computes_what_eager_computes():
         torch.compile(lambda *z: ssd(*z, chunk_size=64), backend="eager", fullgraph=True)(*dec)
 
 
-@pytest.mark.xfail(strict=True, reason="engine/scan's _scan_traced (scan under torch.compile) multiplies the chunk-entering state by the in-chunk "
-                   "products with a plain *, not lesson 07's _mul (inf * 0 = 0): NaN once the products of 4 chunk decays (e^43.5 each) pass float32. "
-                   "With _mul in its last line, this equals eager bit for bit")
 def test_ssd_compiled_growing_state_over_many_chunks():
-    "l = 100: four chunks of 29 steps; compiled ssd's state passing goes through the compiled scan (26 NaN of 400 today, eager none)."
+    "l = 100: four chunks of 29 steps; compiled ssd's state passing goes through the compiled scan, whose state passing multiplies with lesson 07's _mul (26 NaN of 400 with a plain *, eager none)."
     gen = torch.Generator().manual_seed(7)
     args = growing(gen)
     y = torch.compile(lambda *z: ssd(*z, chunk_size=64), backend="eager")(*args)

@@ -209,10 +209,10 @@ def _scan_traced(a, b, h0, shape, dtype, reverse=False, T=16, rounds=24):
     for t in range(1, T): hs.append(_mul(A[..., t], hs[-1]) + X[..., t]); ps.append(_mul(A[..., t], ps[-1]))  # local scans, T fixed
     hl, P = torch.stack(hs, -1), torch.stack(ps, -1)
     Pe, He, idx = P[..., -1], hl[..., -1], torch.arange(nc, device=b.device)
-    if h0 is not None: He = He + torch.where(idx == 0, Pe * h0.to(dtype)[..., None], 0)
+    if h0 is not None: He = He + torch.where(idx == 0, _mul(Pe, h0.to(dtype)[..., None]), 0)
     for k in range(rounds):  # chunk ends: Hillis-Steele with a fixed number of rounds (up to 2^24 chunks)
         He = He + _mul(Pe, torch.where(idx >= 2**k, He.roll(2**k, -1), 0))
         Pe = _mul(Pe, torch.where(idx >= 2**k, Pe.roll(2**k, -1), 1))
     zero = torch.zeros_like(He[..., :1]) if h0 is None else h0.to(dtype).expand(shape[:-1])[..., None]
-    h = (hl + P * torch.cat([zero, He[..., :-1]], -1)[..., None]).flatten(-2)[..., :L]
+    h = (hl + _mul(P, torch.cat([zero, He[..., :-1]], -1)[..., None])).flatten(-2)[..., :L]  # _mul: an overflowed P times a zero state is 0
     return h.flip(-1) if reverse else h
