@@ -350,7 +350,7 @@ def bench_ssd(copy):
     except Exception as e: RESULTS["errors"].append(f"fla simple_gla: {e}")
 
 
-PEERS = ("accelerated-scan", "fla-core", "mambapy", "einops", "fastcore", "fastprogress")
+PEERS = ("accelerated-scan", "fla-core", "mambapy", "einops", "fastcore", "tqdm")
 
 
 def versions():

@@ -7,7 +7,7 @@
 # start of this script) are skipped and listed, so the whole run stays under 8 minutes on an H200.
 #
 #   bash bench/gpu.sh --wheels           on a machine with PyPI: download into .whl/ (gitignored, about 1.4 MB) the
-#                                        pure-Python packages the GPU image lacks: fastcore and fastprogress (needed
+#                                        pure-Python packages the GPU image lacks: fastcore and tqdm (needed
 #                                        by ssm_course.train and ssm_course.bench) and the peers accelerated-scan,
 #                                        fla-core (+ einops) and mambapy
 #   bash bench/gpu.sh OUT_DIR            on the GPU machine (torch, Triton, numpy, pytest); .whl/*.whl, when present,
@@ -18,8 +18,7 @@
 # notebook 14 renders.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-# Pinned: fastprogress 1.1 imports python-fasthtml (and its web stack); 1.0.3 needs only fastcore.
-WHEELS="fastcore==2.2.41 fastprogress==1.0.3 accelerated-scan==0.3.1 fla-core==0.6.0 einops==0.8.2 mambapy==1.2.0"
+WHEELS="fastcore==2.2.41 tqdm==4.70.1 accelerated-scan==0.3.1 fla-core==0.6.0 einops==0.8.2 mambapy==1.2.0"
 if [ "${1:-}" = "--wheels" ]; then
   mkdir -p "$root/.whl"
   python3 -m pip download -q --no-deps -d "$root/.whl" $WHEELS

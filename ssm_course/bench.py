@@ -302,6 +302,7 @@ from fastcore.imports import in_ipython
 import torch
 from .checks import check_positive, check_size
 from ._engine.bench import _version, _caches, _without, _holders, _fmt
+from ._engine.train import progress_bar
 
 # %% ../nbs/engine/bench.ipynb #470f94e9
 def machine_info(threads:int=1, # the thread count every implementation is timed with
@@ -396,7 +397,7 @@ def run(quick:bool=False, # tiny shapes and one short round: checks the machiner
         rounds:int|None=None, # interleaved rounds (default: 1 quick, 3 full)
         min_run_time:float|None=None, # seconds per measurement (default: 0.01 quick, 0.3 full)
         cases:list|None=None, # case functions (default: `CASES`)
-        progress:bool=True, # show a progress bar
+        progress:bool=True, # show a progress bar (on a terminal) and a line per case
        )->dict: # the machine, its load and ceilings, and one record per case
     "Check and time every case, without autograd (inference)."
     threads = check_size(threads, "threads")
@@ -408,10 +409,12 @@ def run(quick:bool=False, # tiny shapes and one short round: checks the machiner
            "copy_GBps_start": copy(), "matmul_GFLOPs": matmul_peak(n, threads, rounds, min(min_run_time, 0.2))}
     cases = cases or CASES
     if not quick and case_kernel_diag in cases and Path("/proc/self/clear_refs").exists(): res["ssm_kernel_diag_peak_MB"] = kernel_diag_peak_memory()
-    if progress:
-        from fastprogress.fastprogress import progress_bar
-        cases = progress_bar(cases)
-    res["cases"] = [evaluate(fn(quick), threads, rounds, min_run_time, n) for fn in cases]
+    bar = progress_bar(total=len(cases), desc="cases") if progress else None  # a bar on a terminal, a line per case in a log
+    res["cases"] = []
+    for fn in cases:
+        res["cases"].append(evaluate(fn(quick), threads, rounds, min_run_time, n))
+        if bar is not None: bar.update(); bar.write(f"{len(res['cases'])}/{len(cases)} {res['cases'][-1]['case']} ({bar.format_interval(bar.format_dict['elapsed'])})")
+    if bar is not None: bar.close()
     res["copy_GBps_end"] = copy()
     res["copy_GBps"] = max(res["copy_GBps_start"], res["copy_GBps_end"])  # the better of the two: the roof
     res["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]

@@ -14,11 +14,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
-from fastprogress.fastprogress import master_bar, progress_bar
 from .checks import check_choice, check_size
 from .layers import SequenceModel, ssm_param_groups
 from . import tasks
 from ._engine.train import _dist, _device, _check_number, _check_data, _check_targets, _check_trainer_state  # see "The loop"
+from ._engine.train import progress_bar, _LivePlot, _round_line  # the bar, the live figure, a line per round
 
 # %% ../nbs/13b_training.ipynb #f56f3e4d
 class Trainer:
@@ -125,39 +125,25 @@ class Trainer:
     def fit(self,
             steps:int|None=None, # steps to train (default: up to the planned total)
             eval_every:int=100, # evaluate every this many steps (and at the end)
-            progress:bool=True, # show the progress bars and the evaluation table (rank 0)
-            plot:bool=False, # redraw the loss and accuracy curves after each evaluation (in a notebook)
+            progress:bool=True, # show a progress bar and a line per round (rank 0)
+            plot:bool=False, # redraw the loss and accuracy curves after each round (in Jupyter)
            )->dict: # the history: steps, losses, evaluations
         "Train for `steps` more steps in rounds of `eval_every`, evaluating after each round."
         eval_every = check_size(eval_every, "eval_every")
         end = self.step + check_size(steps, "steps", min=0) if steps is not None else self.steps
         stops = sorted({s for s in range(self.step + 1, end + 1) if s % eval_every == 0} | {end}) if end > self.step else []
         rounds = list(zip([self.step] + stops[:-1], stops))  # (first step, last step) of each round
-        mb = master_bar(rounds) if progress and self.rank == 0 and rounds else None
-        if mb is not None and self.eval_data is not None: mb.write(["step", "train loss", "eval loss", "eval acc"], table=True)
-        for a, b in (mb if mb is not None else rounds):
-            inner = progress_bar(range(b - a), parent=mb) if mb is not None else range(b - a)
-            if hasattr(inner, "prefix"): inner.prefix = f"steps {a + 1}-{b} of {end}:"  # the console bar's label
-            for _ in inner:
+        bar = progress_bar(total=end - self.step, desc="training") if progress and self.rank == 0 and rounds else None
+        figure = _LivePlot(self.steps) if plot and bar is not None else None
+        for a, b in rounds:
+            for _ in range(b - a):
                 loss = self.train_step()
-                if mb is not None: mb.child.comment = f"loss {loss:.4f}"
-            if self.eval_data is not None:
-                el, ea = self.evaluate()
-                if mb is not None:
-                    mb.write([str(b), f"{loss:.4f}", f"{el:.4f}", "" if ea is None else f"{ea:.3f}"], table=True)
-                    if plot: self._plot(mb)
+                if bar is not None: bar.set_postfix_str(f"loss {loss:.4f}", refresh=False); bar.update()
+            evaluation = self.evaluate() if self.eval_data is not None else None
+            if bar is not None: bar.write(_round_line(b, end, loss, evaluation, bar.format_dict["elapsed"]))
+            if figure is not None: figure.update(self.history)
+        if bar is not None: bar.close()
         return self.history
-
-    def _plot(self, mb):
-        "Redraw the live figure: training loss, evaluation loss and accuracy against the step."
-        h = self.history
-        graphs = [[h["step"], h["loss"]], [h["eval_step"], h["eval_loss"]]]
-        if h["eval_acc"] and h["eval_acc"][-1] is not None: graphs.append([h["eval_step"], h["eval_acc"]])
-        mb.names = ["train loss", "eval loss", "eval accuracy"]
-        mb.update_graph(graphs, x_bounds=[0, self.steps], y_bounds=[0, max(max(h["loss"]), 1.0) * 1.05], figsize=(7, 3))
-        if hasattr(mb, "graph_ax"):  # in a notebook: label the axes of fastprogress's figure
-            mb.graph_ax.set(xlabel="optimizer step", ylabel="loss (nats) or accuracy")
-            mb.graph_out.update(mb.graph_ax.figure)
 
     def state_dict(self)->dict:
         "Everything `load` needs to resume exactly: model, optimizer, schedule, step, history and the RNG states."

@@ -13,7 +13,7 @@ def test_wheel_and_clean_import(tmp_path):
         meta = z.read(next(n for n in names if n.endswith("METADATA"))).decode()
     assert "ssm_course/ssm.py" in names and "ssm_course/_modidx.py" in names
     requires = [l for l in meta.splitlines() if l.startswith("Requires-Dist:")]
-    for dep in ("torch", "numpy", "matplotlib", "fastcore", "fastprogress"):
+    for dep in ("torch", "numpy", "matplotlib", "fastcore", "tqdm"):
         assert any(l.split()[1].startswith(dep) and "extra ==" not in l for l in requires), dep
     assert all("extra ==" in l for l in requires if l.split()[1].startswith("triton")), "triton must be optional"
 
@@ -68,6 +68,16 @@ def _closure(reqs):
         try: todo.extend(Requirement(x) for x in metadata.requires(name) or [])
         except metadata.PackageNotFoundError: pass
     return seen
+
+
+def test_plain_install_is_small():
+    """What a plain `pip install ssm_course` adds beside torch: numpy, matplotlib (and its 8), fastcore, tqdm. fastprogress 1.1
+    brought python-fasthtml and a web stack (uvicorn, starlette, httpx, ...): 35 distributions, 209 MiB, against 13 and 175 MiB
+    with tqdm (fresh venv, `pip install numpy matplotlib fastcore fastprogress|tqdm`)."""
+    deps = _pyproject()["dependencies"]
+    extra = _closure(deps) - _closure([d for d in deps if d.startswith("torch")])
+    assert not extra & {"python-fasthtml", "uvicorn", "starlette", "httpx", "fastprogress"}, sorted(extra)
+    assert len(extra) <= 14, sorted(extra)
 
 
 def _direct(reqs):
