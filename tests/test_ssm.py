@@ -127,3 +127,31 @@ def test_autocast_is_ignored(name):
     ref = f()
     with torch.autocast("cpu", torch.bfloat16): got = f()
     assert got.dtype == ref.dtype and torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("lam", [0.0, -0.5, 0.3])
+@pytest.mark.parametrize("m", [1, 3, 6])
+def test_state_transition_of_a_jordan_block(lam, m):
+    """Notebook 01's t^(m-1) factor: e^{tJ} for a Jordan block J = lam I + E (E the subdiagonal ones) equals the finite
+    series e^{lam t} sum_{k<m} t^k E^k / k!, built here entry by entry (entry (i, j) is e^{lam t} t^(i-j) / (i-j)!)."""
+    import math
+    J = lam * torch.eye(m, dtype=torch.float64) + torch.diag(torch.ones(m - 1, dtype=torch.float64), -1)
+    ts = torch.tensor([0.0, 0.5, 3.0, 20.0], dtype=torch.float64)
+    got = state_transition(J, ts)
+    for k, tk in enumerate(ts.tolist()):
+        ref = torch.tensor([[math.exp(lam * tk) * tk ** (i - j) / math.factorial(i - j) if i >= j else 0.0 for j in range(m)] for i in range(m)], dtype=torch.float64)
+        assert ((got[k] - ref).abs().max() / ref.abs().max()).item() < 1e-13, (lam, m, tk)
+
+
+def test_transient_bounded_by_the_symmetric_part():
+    """Notebook 01's bound ||e^{tA}||_2 <= e^{mu t}, mu the top eigenvalue of (A + A^T)/2 (numpy's eigvalsh), on random
+    matrices and the lesson's 2x2 example, with scipy's expm as the exponential; mu is the initial rate."""
+    from scipy.linalg import expm
+    ts = np.linspace(0, 5, 51)
+    for seed in range(10):
+        M = random_ssm(6, stable=seed % 2 == 0, seed=seed)[0].numpy()
+        mu = np.linalg.eigvalsh((M + M.T) / 2).max()
+        for tk in ts: assert np.linalg.norm(expm(tk * M), 2) <= np.exp(mu * tk) * (1 + 1e-12), (seed, tk)
+    M = np.array([[-0.5, 20.0], [0.0, -1.0]])
+    mu, h = np.linalg.eigvalsh((M + M.T) / 2).max(), 1e-7
+    assert abs((np.linalg.norm(expm(h * M), 2) - 1) / h - mu) < 1e-4 * mu  # observed 9.2531 vs 9.2531
