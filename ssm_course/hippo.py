@@ -33,7 +33,7 @@ def hippo(
     N:int, # state size
     dtype:torch.dtype=torch.float64, # a floating or complex dtype for the result (built in float64, then cast)
 )->tuple[Tensor, Tensor]: # (A (N, N), B (N,)) with $c' = Ac + Bu$ (times $1/t$ for "legs")
-    "The HiPPO matrices of `measure`; windows (LegT, FouT) have length 1."
+    "The HiPPO matrices of `measure`; windows (LegT, FouT) have length 1. FouT at even `N` ends with a dead state (a zero row of `A`, a zero entry of `B`)."
     N = _check_measure(measure, N, MEASURES)
     _check_dtype(dtype)
     n = torch.arange(N, dtype=torch.float64)
