@@ -1,4 +1,4 @@
-r"""The first-order recurrence $h_t = a_t h_{t-1} + b_t$ is one matrix product, $h = \mathcal L_a b$. For a time-varying SSM the matrix is not Toeplitz, so it is no convolution; it can still be multiplied like any matrix, in $O(L^2)$, and a scan multiplies by it in $O(L)$. The sequential loop, Hillis–Steele, Blelloch and the chunked two-level scan (SSD with one state) are orders of that product: their work and depth, the reverse scan that is the gradient, and what goes wrong in float32 with the closed forms.
+r"""The first-order recurrence $h_t = a_t h_{t-1} + b_t$ is one matrix product, $h = \mathcal L_a b$. For a time-varying SSM the matrix is not Toeplitz, so it is no convolution; it can still be multiplied like any matrix, in $O(L^2)$, and a scan multiplies by it in $O(L)$. The sequential loop, Hillis–Steele, Blelloch and the chunked two-level scan (the one-state case of SSD, the chunked algorithm of Mamba-2 in lesson 09) are orders of that product: their work and depth, the reverse scan that is the gradient, and what goes wrong in float32 with the closed forms.
 
 Docs: https://ssm-course.github.io/ssm_course/scan.html.md"""
 
@@ -67,25 +67,26 @@ def scan_chunked(
     a:Tensor, # decays $a_t$, (..., L) (or (..., 1): time-invariant)
     b:Tensor, # inputs $b_t$, (..., L)
     h0:Tensor|None=None, # initial state $h_{-1}$, (...)
-    chunk:int|None=None, # chunk length $T$ (default: about $\sqrt{L}$, at most 64)
+    chunk:int|None=None, # chunk length $Q$ (default: about $\sqrt{L}$, at most 64)
 )->Tensor: # states $h_t$, (..., L)
-    "Two-level scan: local scans inside chunks of $T$ steps (all chunks at once), a scan over the chunk ends, a fix-up."
+    "Two-level scan: local scans inside chunks of $Q$ steps (all chunks at once), a scan over the chunk ends, a fix-up."
     shape, dtype = _check_scan(a, b, h0), _dtype(a, b, h0)
     L = shape[-1]
-    T = _auto_chunk(L) if chunk is None else check_size(chunk, "chunk")
-    nc, pad = -(-L // T), -L % T
+    Q = _auto_chunk(L) if chunk is None else check_size(chunk, "chunk")
+    nc, pad = -(-L // Q), -L % Q
     a, b = a.to(dtype).expand(shape), b.to(dtype).expand(shape)
     if h0 is not None: b = torch.cat([b[..., :1] + a[..., :1] * h0.to(dtype)[..., None], b[..., 1:]], -1)  # fold h_{-1} into b_0
-    a = F.pad(a, (0, pad), value=1.0).unflatten(-1, (nc, T))  # (..., nc, T), padded with
-    b = F.pad(b, (0, pad), value=0.0).unflatten(-1, (nc, T))  # the identity pair (1, 0)
-    hs, ps = [b[..., 0]], [a[..., 0]]
-    for t in range(1, T):  # 1. local scans from zero, and running products, in every chunk at once
-        hs.append(_mul(a[..., t], hs[-1]) + b[..., t]); ps.append(_mul(a[..., t], ps[-1]))
-    hl, P = torch.stack(hs, -1), torch.stack(ps, -1)  # (..., nc, T)
+    a = F.pad(a, (0, pad), value=1.0).unflatten(-1, (nc, Q))  # (..., nc, Q), padded with
+    b = F.pad(b, (0, pad), value=0.0).unflatten(-1, (nc, Q))  # the identity pair (1, 0)
+    hs, als = [b[..., 0]], [a[..., 0]]
+    for t in range(1, Q):  # 1. local scans from zero, and running products, in every chunk at once
+        hs.append(_mul(a[..., t], hs[-1]) + b[..., t]); als.append(_mul(a[..., t], als[-1]))
+    hl, al = torch.stack(hs, -1), torch.stack(als, -1)  # (..., nc, Q): local states, and <-a_t (decays from the chunk's start)
     if nc == 1: return hl.flatten(-2)[..., :L]  # one chunk: its local scan is the answer
-    ends = scan_chunked(P[..., -1], hl[..., -1], None, T) if T > 1 else scan_sequential(P[..., -1], hl[..., -1])  # 2. chunk ends
+    rho = al[..., -1]  # each chunk's product of decays
+    ends = scan_chunked(rho, hl[..., -1], None, Q) if Q > 1 else scan_sequential(rho, hl[..., -1])  # 2. scan of the chunk ends
     enter = torch.cat([torch.zeros_like(ends[..., :1]), ends[..., :-1]], -1)  # the true state entering each chunk
-    return (hl + _mul(P, enter[..., None])).flatten(-2)[..., :L]  # 3. fix-up: h_t = local h_t + (product so far) * entering state
+    return (hl + _mul(al, enter[..., None])).flatten(-2)[..., :L]  # 3. fix-up: h_t = local h_t + <-a_t * entering state
 
 # %% ../nbs/07_scan.ipynb #83059ecf
 @full_precision
@@ -93,8 +94,8 @@ def scan_backward_ref(
     a:Tensor, # decays $a_t$, (..., L), or (..., 1) for a time-invariant decay
     h0:Tensor|None, # initial state $h_{-1}$, (...), or None (zero)
     h:Tensor, # the states $h_t$ = scan($a$, $b$, $h_{-1}$), (..., L)
-    gh:Tensor, # direct gradients $\hat g_t = \partial\mathcal{L}/\partial h_t$, (..., L)
-)->tuple: # $\partial\mathcal{L}/\partial a_t$ and $\partial\mathcal{L}/\partial b_t$ (..., L); $\partial\mathcal{L}/\partial h_{-1}$ (...) or None
+    gh:Tensor, # direct gradients $\hat g_t = \partial\ell/\partial h_t$, (..., L)
+)->tuple: # $\partial\ell/\partial a_t$ and $\partial\ell/\partial b_t$ (..., L); $\partial\ell/\partial h_{-1}$ (...) or None
     "The gradients of $h$ = scan($a$, $b$, $h_{-1}$) by one reverse scan: $g_t = \\hat g_t + \\overline{a_{t+1}}\\, g_{t+1}$, then $g_t \\overline{h_{t-1}}$, $g_t$ and $\\overline{a_0} g_0$."
     a = a.expand(h.shape)
     a_next = F.pad(a[..., 1:], (0, 1))  # a_{t+1}; zero after the last step, so g_{L-1} = ghat_{L-1}
