@@ -1,4 +1,4 @@
-r"""With a scalar decay per head, the selective SSM is a masked linear attention: its $L \times L$ matrix is *semiseparable*. The quadratic "attention" form, the linear recurrence and the chunked algorithm that combines them — Mamba-2's SSD — give the same output; which one is fastest depends on the length.
+r"""A selective SSM's $L \times L$ matrix is *semiseparable*, Mamba-1's included: every submatrix on or below its diagonal passes through the state. With a scalar decay per head (Mamba-2), one decay mask multiplies the whole score matrix, and the SSM is a masked linear attention. The quadratic "attention" form, the linear recurrence and the chunked algorithm that combines them — Mamba-2's SSD — give the same output; which one is fastest depends on the length.
 
 Docs: https://ssm-course.github.io/ssm_course/ssd.html.md"""
 
@@ -60,14 +60,14 @@ def ssd_ref(
 # %% ../nbs/09_ssd.ipynb #1bf9daca
 @full_precision
 def segsum(
-    a:Tensor, # values $a_r$ along the last axis, (..., Q)
-)->Tensor: # (..., Q, Q): $\sum_{s<r\le t} a_r$ for $s \le t$ (0 on the diagonal), $-\infty$ above it
+    log_a:Tensor, # log decays $\log a_r$ (any values) along the last axis, (..., Q)
+)->Tensor: # (..., Q, Q): $\sum_{s<r\le t} \log a_r$ for $s \le t$ (0 on the diagonal), $-\infty$ above it
     "Segment sums without differences of cumulative sums: $\\exp(\\mathrm{segsum}(\\Delta A))$ is the decay mask of SSD."
-    Q = a.shape[-1]
-    below = torch.ones(Q, Q, dtype=torch.bool, device=a.device).tril(-1)
-    x = a[..., :, None].expand(*a.shape, Q).masked_fill(~below, 0)  # x[t, s] = a_t for t > s
-    out = torch.cumsum(x, -2)  # out[t, s] = sum_{s<r<=t} a_r
-    return out.masked_fill(~below.logical_or(torch.eye(Q, dtype=torch.bool, device=a.device)), -math.inf)
+    Q = log_a.shape[-1]
+    below = torch.ones(Q, Q, dtype=torch.bool, device=log_a.device).tril(-1)
+    x = log_a[..., :, None].expand(*log_a.shape, Q).masked_fill(~below, 0)  # x[t, s] = log a_t for t > s
+    out = torch.cumsum(x, -2)  # out[t, s] = sum_{s<r<=t} log a_r
+    return out.masked_fill(~below.logical_or(torch.eye(Q, dtype=torch.bool, device=log_a.device)), -math.inf)
 
 # %% ../nbs/09_ssd.ipynb #4a9dc4b0
 @full_precision
@@ -84,14 +84,14 @@ def ssd_quadratic(
     backend:str="auto", # checked, kept for the shared signature; the quadratic form always runs in PyTorch
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$
 ): # y (b, l, h, p), or (y, final states)
-    "The dual attention form $y = (L \\circ C B^\\top)(\\Delta x)$ with the decay mask $L = \\exp(\\mathrm{segsum}(\\Delta A))$: $O(l^2)$; in float32 (float64 for float64 inputs) whatever the caller's autocast."
+    "The dual attention form $y = (\\mathcal{L} \\circ C B^\\top)(\\Delta x)$ with the decay mask $\\mathcal{L} = \\exp(\\mathrm{segsum}(\\Delta A))$: $O(l^2)$; in float32 (float64 for float64 inputs) whatever the caller's autocast."
     b, l, h, p, g, n, dtype = _check_ref("ssd_quadratic", backend, chunk_size, x, dt, A, B, C, D, initial_states, log_decay)
     xdt, dA, w = _inputs(x, dt, A, log_decay, dtype)
     Bh, Ch = _heads(B.to(w), h), _heads(C.to(w), h)
     dA = dA.transpose(1, 2)  # (b, h, l)
     Lmask = torch.exp(segsum(dA))  # (b, h, l, l)
     _check_mask(Lmask)  # a growing state over many steps overflows: refused
-    M = torch.einsum("bthn,bshn->bhts", Ch, Bh) * Lmask  # M = L o (C B^T)
+    M = torch.einsum("bthn,bshn->bhts", Ch, Bh) * Lmask  # M = Lmask o (C B^T)
     y = _causal_apply(M, xdt, "bhts,bshp->bthp", 1)  # y = M (dt x)
     cum = torch.cumsum(dA, -1)  # decay from the start: prod_{r<=t} a_r = exp(cum_t)
     if initial_states is not None:

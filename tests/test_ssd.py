@@ -453,6 +453,24 @@ def test_ssd_time_invariant_is_the_toeplitz_convolution(L, n, p, chunk):
     torch.testing.assert_close(y.T, fft_conv(x[0, :, 0].T, K), rtol=0, atol=1e-13)
 
 
+@pytest.mark.parametrize("N, dt, seed", [(6, 0.5, 0), (3, 1.0, 1), (5, 0.2, 2)])
+def test_lti_ssms_are_toeplitz_and_semiseparable_but_not_every_toeplitz_matrix(N, dt, seed):
+    "Lesson 09, three structures: an LTI SSM's matrix (04's T_K, K_l = C dA^l dB of a random dense N-state SSM) is Toeplitz and N-semiseparable, rank min(N, j+1, L-j) on M[j:, :j+1]; a Toeplitz matrix with a random kernel has full rank min(j+1, L-j) there (32 at L = 64), so Toeplitz is not inside semiseparable; the kernel (0, 0, 1) is 1-semiseparable and is ssd's matrix with one state and varying B_t, C_t."
+    from ssm_course.ssm import random_ssm
+    from ssm_course.discretize import discretize
+    L = 64
+    t, s = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    def toeplitz(K): return torch.where(t >= s, K[(t - s).clamp(min=0)], 0.0)
+    A, B, C, _ = random_ssm(N, seed=seed)
+    K = ssm_kernel(*discretize(A, B, dt), C, L)
+    K_rand = torch.randn(L, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    ranks = lambda T: [torch.linalg.matrix_rank(T[j:, :j + 1]).item() for j in range(L)]
+    assert ranks(toeplitz(K)) == [min(N, j + 1, L - j) for j in range(L)]
+    assert ranks(toeplitz(K_rand)) == [min(j + 1, L - j) for j in range(L)]
+    M = ssd_matrix(torch.zeros(3, dtype=torch.float64), torch.tensor([[1.0], [0], [0]], dtype=torch.float64), torch.tensor([[0.0], [0], [1]], dtype=torch.float64), 2)
+    assert torch.equal(M, torch.tensor([[0.0, 0, 0], [0, 0, 0], [1, 0, 0]], dtype=torch.float64))
+
+
 @pytest.mark.parametrize("L, chunk", [(100, 16), (37, 5), (8, 64), (256, 1)])
 def test_chunked_scan_is_ssd_with_one_state_and_one_channel(L, chunk):
     "Issue 28 item 3: notebook 07's chunked scan is SSD with N = p = 1 and B = C = 1: ssd on log_decay = log a equals scan_chunked at the same chunk and the loop."
@@ -465,7 +483,7 @@ def test_chunked_scan_is_ssd_with_one_state_and_one_channel(L, chunk):
 
 
 def test_masked_linear_attention_is_the_recurrence():
-    "Issue 28 item 5: (Q K^T o L) V with a 1-semiseparable mask L_ts = prod a_r, summed term by term in float64, equals ssd's recurrence S_t = a_t S_{t-1} + k_t v_t^T, y_t = S_t^T q_t (q -> C, k -> B, v -> the input)."
+    "Issue 28 item 5: (q k^T o L) v with a 1-semiseparable mask L_ts = prod a_r, summed term by term in float64, equals ssd's recurrence S_t = a_t S_{t-1} + k_t v_t^T, y_t = S_t^T q_t (q -> C, k -> B, v -> the input)."
     gen = torch.Generator().manual_seed(11)
     b, L, h, n, p = 2, 23, 3, 4, 5
     q, k = torch.randn(b, L, h, n, generator=gen, dtype=torch.float64), torch.randn(b, L, h, n, generator=gen, dtype=torch.float64)
