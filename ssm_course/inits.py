@@ -1,4 +1,4 @@
-"""Drop S4's low-rank term and the kernel becomes a Vandermonde product in three lines. How to initialize the diagonal (S4D-LegS, -Inv, -Lin, -Real, DSS), why it works (the diagonal LegS kernel converges to S4's as N grows, weakly, and the Woodbury identity says why), and how to compute it in float32 for sequences of 65536 steps.
+"""Drop S4's low-rank term and the kernel becomes a Vandermonde product in three lines. How to initialize the diagonal (S4D-LegS, -Inv, -Lin, -Real, DSS), why it works (S4D-LegS is exactly S4-LegS followed by one scalar filter, 1 at low frequencies and ½ at high ones, so it converges to S4-LegS on smooth inputs, like ω/N, and never kernel by kernel), and how to compute it in float32 for sequences of 65536 steps.
 
 Docs: https://ssm-course.github.io/ssm_course/diagonal.html.md"""
 

@@ -250,3 +250,45 @@ def test_log_uniform_dt_bounds_and_a_single_step():
     dt = log_uniform_dt((2000,), 1e-4, 1.0, generator=torch.Generator().manual_seed(0), dtype=F64)
     assert dt.min() >= 1e-4 and dt.max() <= 1.0 and abs(torch.log10(dt).mean().item() + 2) < 0.05
     assert torch.equal(log_uniform_dt((3,), 0.01, 0.01, dtype=F64), torch.full((3,), 0.01, dtype=F64))  # dt_min = dt_max: that step
+
+
+# ---------------------------------------------------------------- issue 27 item 10: S4D-LegS = S4-LegS behind one filter
+
+def _transfer(A, B, C, s):
+    "C (sI - A)^{-1} B by a dense complex128 solve."
+    I = torch.eye(A.shape[-1], dtype=C128)
+    return (C.to(C128) @ torch.linalg.solve(s * I - A.to(C128), B.to(C128))).item()
+
+
+@pytest.mark.parametrize("N", [1, 2, 7, 16, 64])
+def test_s4d_legs_is_s4_legs_behind_one_scalar_filter(N):
+    """Notebook 06: with A = HiPPO-LegS, A_nor = A + B B^T / 2 (P = B / sqrt 2) and H_N(s) = B^T (sI - A)^{-1} B,
+    (A_nor, B/2, C) = (A, B, C) * 1 / (2 - H_N) for every C, H_N(s) = 1 - prod_{j<N} (s - j)/(s + j + 1), H_N(m) = 1 for m < N.
+    Dense float64 solves against the closed form; odd N included (the theorem does not need conjugate pairs)."""
+    from ssm_course.hippo import hippo
+    A, B = hippo("legs", N)
+    A_nor = A + 0.5 * torch.outer(B, B)
+    assert torch.linalg.eigvalsh(A_nor + A_nor.T).abs().sub(1).abs().max() < 1e-12  # A_nor + A_nor^T = -I: the normal part
+    Q = lambda s: math.prod((s - j) / (s + j + 1) for j in range(N))
+    C = torch.randn(N, dtype=F64, generator=torch.Generator().manual_seed(N))
+    for s in [0.5, 1j, 3.0 + 2j, 10j, 300j, 1e5j]:
+        F = 1 / (1 + Q(s))
+        assert abs(_transfer(A, B, B, s) - (1 - Q(s))) < 1e-13 * max(1, abs(1 - Q(s)))
+        assert abs(_transfer(A_nor, B / 2, C, s) / _transfer(A, B, C, s) - F) < 3e-14 * abs(F)
+    assert max(abs(_transfer(A, B, B, m) - 1) for m in range(N)) < 1e-14
+
+
+@pytest.mark.parametrize("N", [2, 16, 64])
+def test_s4d_legs_init_is_the_filtered_system_and_its_modes_are_the_filters_poles(N):
+    "s4d_init('legs') (half the spectrum, B halved) gives the same ratio 1/(2 - H_N); its eigenvalues are the roots of 1 + Q_N."
+    from ssm_course.hippo import hippo, dplr
+    A, B = hippo("legs", N)
+    Lam, _, _, V = dplr("legs", N)
+    lam, Bh = s4d_init("legs", N, C128)
+    C = torch.randn(N, dtype=F64, generator=torch.Generator().manual_seed(N))
+    Ch = (C.to(C128) @ V)[Lam.imag > 0]
+    Q = lambda s: math.prod((s - j) / (s + j + 1) for j in range(N))
+    for s in [0.5, 1j, 10j, 300j]:
+        s4d = ((Ch * Bh) / (s - lam) + (Ch * Bh).conj() / (s - lam.conj())).sum().item()
+        assert abs(s4d / _transfer(A, B, C, s) * (1 + Q(s)) - 1) < 1e-12
+    assert max(abs(1 + Q(complex(l))) for l in lam.tolist()) < 1e-11
