@@ -301,7 +301,7 @@ from pathlib import Path
 from fastcore.imports import in_ipython
 import torch
 from .checks import check_positive, check_size
-from ._engine.bench import _version, _caches, _without, _holders, _fmt
+from ._engine.bench import _version, _caches, _without, _holders, _fmt, _missing, _needed_message, _NEEDED, _PEERS
 from ._engine.train import progress_bar
 
 # %% ../nbs/engine/bench.ipynb #470f94e9
@@ -400,6 +400,7 @@ def run(quick:bool=False, # tiny shapes and one short round: checks the machiner
         progress:bool=True, # show a progress bar (on a terminal) and a line per case
        )->dict: # the machine, its load and ceilings, and one record per case
     "Check and time every case, without autograd (inference)."
+    if (missing := _missing(_NEEDED)): raise ModuleNotFoundError(_needed_message(missing), name=missing[0])  # before any timing
     threads = check_size(threads, "threads")
     rounds = (1 if quick else 3) if rounds is None else check_size(rounds, "rounds")  # 0 is refused, not read as "the default"
     min_run_time = (0.01 if quick else 0.3) if min_run_time is None else check_positive(min_run_time, "min_run_time")
@@ -446,14 +447,19 @@ def summary(res:dict, # `run`'s results
     return "\n".join(rows)
 
 # %% ../nbs/engine/bench.ipynb #ef677023
+def _parser()->argparse.ArgumentParser:
+    "The options of `python -m ssm_course.bench`, each with its help and default."
+    ap = argparse.ArgumentParser(prog="python -m ssm_course.bench", description="Check and time ssm_course's ops and layers against their peers on this machine (lesson 14). Needs the bench extra: pip install \"ssm_course[bench]\". Writes the JSON, prints the tables; exit status 1 if an implementation disagrees.")
+    ap.add_argument("--out", metavar="FILE", help="write the JSON results to this file (default: not written)")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes and one round: checks the machinery in seconds")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for every implementation; the SciPy and NumPy peers use one (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default: 1 with --quick, else 3)")
+    return ap
+
 def main(argv:list|None=None, # command-line arguments (default: `sys.argv[1:]`)
         )->dict: # `run`'s results
     "The command `python -m ssm_course.bench`: check and time every case, write the JSON, print the tables; exit with status 1 if an implementation disagrees."
-    ap = argparse.ArgumentParser(description="Check and time ssm_course's ops and layers against their peers on this machine.")
-    ap.add_argument("--out", help="write the JSON results here")
-    ap.add_argument("--quick", action="store_true", help="tiny shapes: check the machinery in seconds")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads for every implementation (default 1: the SciPy and NumPy peers use one)")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 1 with --quick, else 3)")
+    ap = _parser()
     a = ap.parse_args(argv)
     try:  # refuse bad options before the run (minutes), naming the option
         check_size(a.threads, "--threads")
@@ -465,6 +471,8 @@ def main(argv:list|None=None, # command-line arguments (default: `sys.argv[1:]`)
         try: out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e: ap.error(f"--out {a.out}: cannot create its directory {out.parent} ({e.strerror})")
         if not os.access(out.parent, os.W_OK): ap.error(f"--out {a.out}: the directory {out.parent} is not writable")
+    if (missing := _missing(_NEEDED)): ap.exit(1, f"{ap.prog}: error: {_needed_message(missing)}\n")  # before the run, not a traceback after it
+    if (peers := _missing(_PEERS)): print(f"note: {', '.join(peers)} not installed: not timed (pip install \"ssm_course[bench]\")", file=sys.stderr)
     res = run(quick=a.quick, threads=a.threads, rounds=a.rounds)
     if out is not None: out.write_text(json.dumps(res, indent=1))
     print(f"\n{res['date']}, {res['cpu']}, {res['cores']} cores, {res['threads']} thread(s) per implementation, load average {res['load_avg_before']} "

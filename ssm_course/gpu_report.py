@@ -241,6 +241,12 @@ def _selection_error(modules, archs, variants, kernels, need_specs=True):
         return "variants", f"none of the kernels {kernels} has a variant in {variants}"
     return None
 
+def _progress(done:int, total:int, row:dict, t0:float):
+    "One more kernel compiled: a line on stderr, rewritten in place on a terminal (the first run compiles for minutes; Triton caches the results)."
+    msg = f"compiled {done}/{total}: {row['kernel']} {row['variant']} sm_{row['arch']}{' FAILED' if row.get('error') else ''} ({time.perf_counter() - t0:.0f} s)"
+    if sys.stderr.isatty(): print("\r\033[K" + msg, end="\n" if done == total else "", file=sys.stderr, flush=True)
+    else: print(msg, file=sys.stderr, flush=True)
+
 def report(
     modules:tuple=MODULES, # kernel modules to compile
     archs:tuple=ARCHS, # target architectures
@@ -248,6 +254,7 @@ def report(
     kernels:list|None=None, # only these kernels (all if None)
     asm:bool=False, # include TTGIR and PTX text in each row
     workers:int=1, # parallel compile processes
+    progress:bool=False, # a line on stderr per kernel compiled (a counter on a terminal)
 )->list: # one row per (spec, arch)
     "Compile every kernel variant of `modules` for each of `archs` and measure it (in a clean process if the interpreter is on)."
     bad = _selection_error(tuple(modules), tuple(archs), variants, kernels)
@@ -256,38 +263,58 @@ def report(
         args = [sys.executable, "-m", "ssm_course.gpu_report", "--json", "--workers", str(workers), "--modules", *modules, "--archs", *map(str, archs)]
         if variants: args += ["--variants", *variants]
         if kernels: args += ["--kernels", *kernels]
-        res = subprocess.run(args + (["--asm"] if asm else []), env=_clean_env(), capture_output=True, text=True)
-        if res.returncode: raise RuntimeError(f"gpu_report failed:\n{res.stderr[-3000:]}")
+        args += (["--asm"] if asm else []) + ([] if progress else ["--quiet"])
+        res = subprocess.run(args, env=_clean_env(), stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True)  # its progress lines pass through
+        if res.returncode: raise RuntimeError(f"gpu_report failed:\n{(res.stderr or '(its error output is above)')[-3000:]}")
         return json.loads(res.stdout)
     jobs = [(m, i, arch, asm) for m in modules for i, s in enumerate(specs(m)) for arch in archs
             if (variants is None or s["variant"] in variants) and (kernels is None or s["kernel"] in kernels)]
-    if workers <= 1: return [_compile_job(j) for j in jobs]
+    t0, rows = time.perf_counter(), [None] * len(jobs)
+    if progress: print(f"compiling {len(jobs)} kernel variant(s) for {', '.join(f'sm_{a}' for a in archs)} with {workers} worker(s)", file=sys.stderr, flush=True)
+    if workers <= 1:
+        for i, j in enumerate(jobs):
+            rows[i] = _compile_job(j)
+            if progress: _progress(i + 1, len(jobs), rows[i], t0)
+        return rows
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex: return list(ex.map(_compile_job, jobs))
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as ex:
+        futures = {ex.submit(_compile_job, j): i for i, j in enumerate(jobs)}
+        for done, f in enumerate(as_completed(futures), 1):
+            rows[futures[f]] = f.result()
+            if progress: _progress(done, len(jobs), rows[futures[f]], t0)
+    return rows
 
 # %% ../nbs/engine/gpu_report.ipynb #a1c0b027
+def _parser()->argparse.ArgumentParser:
+    "The options of `python -m ssm_course.gpu_report`, each with its help and default."
+    ap = argparse.ArgumentParser(prog="python -m ssm_course.gpu_report", description="Compile every Triton kernel for sm_80 and sm_90 (no GPU needed) and report registers, spills, shared memory and instructions. Needs Triton (the gpu extra). A first run compiles for minutes (a line per kernel on stderr); Triton caches the results.")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    ap.add_argument("--asm", action="store_true", help="include TTGIR and PTX in the JSON")
+    ap.add_argument("--coverage", action="store_true", help="print each module's kernels without a compile spec (JSON), compile nothing")
+    ap.add_argument("--perf", action="store_true", help="print the performance model (JSON), compile nothing")
+    ap.add_argument("--modules", nargs="+", default=list(MODULES), metavar="MODULE", help=f"the kernel modules (default: {' '.join(MODULES)})")
+    ap.add_argument("--archs", nargs="+", type=int, choices=ARCHS, default=list(ARCHS), help=f"target architectures: 80 (A100), 90 (H100, H200) (default: {' '.join(map(str, ARCHS))})")
+    ap.add_argument("--variants", nargs="+", default=None, metavar="VARIANT", help="compile only these variants, e.g. float32 (default: all)")
+    ap.add_argument("--kernels", nargs="+", default=None, metavar="KERNEL", help="compile only these kernels, e.g. _scan_fwd_kernel (default: all)")
+    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel compile processes (default: %(default)s)")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return ap
+
 def main(
     argv:list|None=None, # command-line arguments (default: sys.argv)
 ):
     "The command line: `python -m ssm_course.gpu_report [--json] [--coverage] [--perf] ...`."
-    ap = argparse.ArgumentParser(prog="python -m ssm_course.gpu_report", description="Compile every Triton kernel for sm_80 and sm_90 (no GPU needed) and report registers, spills, shared memory and instructions.")
-    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
-    ap.add_argument("--asm", action="store_true", help="include TTGIR and PTX in the JSON")
-    ap.add_argument("--coverage", action="store_true", help="print each module's kernels without a compile spec (JSON)")
-    ap.add_argument("--perf", action="store_true", help="print the performance model (JSON)")
-    ap.add_argument("--modules", nargs="+", default=list(MODULES))
-    ap.add_argument("--archs", nargs="+", type=int, choices=ARCHS, default=list(ARCHS))
-    ap.add_argument("--variants", nargs="+", default=None)
-    ap.add_argument("--kernels", nargs="+", default=None)
-    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    ap = _parser()
     a = ap.parse_args(argv)
+    try: import triton  # before anything that imports a kernel module
+    except ImportError: ap.exit(1, f'{ap.prog}: error: Triton is not installed; it compiles the kernels (no GPU needed): pip install "ssm_course[gpu]" (Linux)\n')
     if a.workers < 1: ap.error(f"argument --workers: must be at least 1, got {a.workers}")
     bad = _selection_error(tuple(a.modules), tuple(a.archs), a.variants, a.kernels, need_specs=not (a.coverage or a.perf))
     if bad: ap.error(f"argument --{bad[0]}: {bad[1]}")  # before compiling anything: a selection that matches nothing is an error, not an empty table
     if a.coverage: print(json.dumps(coverage(tuple(a.modules)), indent=1)); return
     if a.perf: print(json.dumps(perf_model(tuple(a.modules)), indent=1)); return
-    rows = report(tuple(a.modules), tuple(a.archs), a.variants, a.kernels, a.asm, a.workers)
+    rows = report(tuple(a.modules), tuple(a.archs), a.variants, a.kernels, a.asm, a.workers, progress=not a.quiet)
     print(json.dumps(rows, indent=1) if a.json else table(rows))
     return rows
 

@@ -181,12 +181,13 @@ class Trainer:
 # %% ../nbs/engine/train.ipynb #17640e44
 import argparse, hashlib, io, os, secrets, socket
 from pathlib import Path
+from typing import Callable, NamedTuple
 from fastcore.imports import in_ipython
 import torch
 from .checks import check_size
 from .layers import LAYERS, SequenceModel
 from . import tasks
-from ._engine.train import _MAGIC, _remove_stale, _dist, _setup_device, _backend, _check_number
+from ._engine.train import _MAGIC, _remove_stale, _dist, _setup_device, _device_error, _backend, _check_number
 
 # %% ../nbs/engine/train.ipynb #a7aae366
 def save_checkpoint(
@@ -227,29 +228,48 @@ def load_checkpoint(
     return obj
 
 # %% ../nbs/engine/train.ipynb #e7a890ca
-TASKS = {"delayed_recall": (lambda n, g: tasks.delayed_recall(n, L=64, delay=16, V=4, g=g), 4),
-         "selective_copying": (lambda n, g: tasks.selective_copying(n, n_tokens=4, T=32, V=8, g=g), 10),
-         "copying": (lambda n, g: tasks.copying(n, n_tokens=4, T=32, V=8, g=g), 10)}
+class _Task(NamedTuple):
+    "A task the command line trains on: its data, the `SequenceModel` input and output that fit it, the loss."
+    data:Callable # a generator f(n, g) -> (x, y); with `load`, a function () -> ((x, y) to train on, (x, y) held out)
+    model:dict # SequenceModel's input and output arguments: vocab_size or d_input, d_output, pool
+    loss:str="ce" # Trainer's loss
+    load:bool=False # `data` loads fixed tensors instead of sampling batches
+
+TASKS = {  # every task of notebook 13a but sequential_images, which reads MNIST or CIFAR-10 files the user downloads
+    "delayed_recall": _Task(lambda n, g: tasks.delayed_recall(n, L=64, delay=16, V=4, g=g), dict(vocab_size=4, d_output=4, pool=None)),
+    "copying": _Task(lambda n, g: tasks.copying(n, n_tokens=4, T=32, V=8, g=g), dict(vocab_size=10, d_output=8, pool=None)),
+    "selective_copying": _Task(lambda n, g: tasks.selective_copying(n, n_tokens=4, T=32, V=8, g=g), dict(vocab_size=10, d_output=8, pool=None)),
+    "adding": _Task(lambda n, g: tasks.adding(n, L=64, g=g), dict(d_input=2, d_output=1, pool="last"), loss="mse"),
+    "associative_recall": _Task(lambda n, g: tasks.associative_recall(n, n_pairs=8, V=16, g=g), dict(vocab_size=32, d_output=16, pool="last")),
+    "multi_query_recall": _Task(lambda n, g: tasks.multi_query_recall(n, n_pairs=8, V=16, g=g), dict(vocab_size=32, d_output=16, pool=None)),
+    "sequential_digits": _Task(lambda: (tasks.sequential_digits("train"), tasks.sequential_digits("test")), dict(d_input=1, d_output=10, pool="mean"), load=True),
+}
+
+def _parser()->argparse.ArgumentParser:
+    "The options of `python -m ssm_course.train`, each with its help and default."
+    ap = argparse.ArgumentParser(prog="python -m ssm_course.train", description="Train a SequenceModel (notebook 12) on a task of notebook 13a with the Trainer of notebook 13b, on a GPU when there is one; also under torchrun (DDP). Prints a line per evaluation round and the final evaluation.")
+    ap.add_argument("--task", default="delayed_recall", choices=list(TASKS), help="the task (sequential_images is not offered: it reads MNIST or CIFAR-10 files you download; use Trainer in Python) (default: %(default)s)")
+    ap.add_argument("--layer", default="s4d", choices=sorted(LAYERS), help="the sequence layer of every block (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=200, help="optimizer steps, at least 1 (default: %(default)s)")
+    ap.add_argument("--eval-every", type=int, default=50, help="evaluate on held-out data and print a line every this many steps, and at the end (default: %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=32, help="global batch size, split across processes under torchrun (default: %(default)s)")
+    ap.add_argument("--d-model", type=int, default=32, help="model width H (default: %(default)s)")
+    ap.add_argument("--n-layers", type=int, default=2, help="residual blocks (default: %(default)s)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate of AdamW's cosine schedule (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the initial weights and of the data (default: %(default)s)")
+    ap.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ... (default: %(default)s)")
+    ap.add_argument("--amp", default="none", choices=["none", "bf16"], help="bf16: bfloat16 autocast (mixed precision); none: float32 (default: %(default)s)")
+    ap.add_argument("--save", metavar="FILE", help="write the final checkpoint to this file (default: no checkpoint)")
+    return ap
 
 def main(
     argv:list[str]|None=None, # command-line arguments (default: `sys.argv[1:]`)
 )->Trainer: # the trainer after training
-    "Command line: train a `SequenceModel` on a synthetic task, on a GPU when there is one; works under `torchrun` (DDP)."
-    ap = argparse.ArgumentParser(description="ssm_course: train a SequenceModel on a synthetic task")
-    ap.add_argument("--task", default="delayed_recall", choices=sorted(TASKS))
-    ap.add_argument("--layer", default="s4d", choices=sorted(LAYERS))
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--d-model", type=int, default=32)
-    ap.add_argument("--n-layers", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ...")
-    ap.add_argument("--amp", default="none", choices=["none", "bf16"], help="bf16: bfloat16 autocast (mixed precision)")
-    ap.add_argument("--save", help="write the final checkpoint here")
+    "Command line: train a `SequenceModel` on a task, on a GPU when there is one; works under `torchrun` (DDP)."
+    ap = _parser()
     a = ap.parse_args(argv)
     try:  # refuse bad options before any work, naming the option
-        for k in ("steps", "batch_size", "d_model", "n_layers"): check_size(getattr(a, k), "--" + k.replace("_", "-"))
+        for k in ("steps", "eval_every", "batch_size", "d_model", "n_layers"): check_size(getattr(a, k), "--" + k.replace("_", "-"))
         _check_number(a.lr, "--lr")
     except (TypeError, ValueError) as e: ap.error(str(e))
     if a.save:  # checked now, not after all the training
@@ -257,25 +277,31 @@ def main(
         if save.is_dir(): ap.error(f"--save {a.save} is a directory; give a file name, e.g. {save / 'checkpoint.pt'}")
         if not save.parent.is_dir(): ap.error(f"--save {a.save}: the directory {save.parent} does not exist")
         if not os.access(save.parent, os.W_OK): ap.error(f"--save {a.save}: the directory {save.parent} is not writable")
+    if (why := _device_error(a.device)): ap.error(f"--device {a.device}: {why}")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     try: device = _setup_device(a.device, distributed)  # under torchrun: LOCAL_RANK's GPU
     except (RuntimeError, AssertionError, ValueError) as e: ap.error(f"--device {a.device}: {(str(e).splitlines() or [''])[0]}")
+    task = TASKS[a.task]
+    try: data, held_out = task.data() if task.load else (task.data, task.data)  # a generator is sampled once, with its own seed, for evaluation
+    except ModuleNotFoundError as e: ap.exit(1, f"{ap.prog}: error: --task {a.task}: {e}\n")
     own_group = distributed and not torch.distributed.is_initialized()  # a calling script may have started it
     if own_group: torch.distributed.init_process_group(_backend(device))  # NCCL for GPUs, gloo for CPUs
-    data, vocab = TASKS[a.task]
     torch.manual_seed(a.seed)  # identical initial weights on every rank
     try:
-        model = SequenceModel(vocab, d_model=a.d_model, n_layers=a.n_layers, layer=a.layer, vocab_size=vocab, pool=None)
-        trainer = Trainer(model, data, steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=device, amp=a.amp)
+        model = SequenceModel(d_model=a.d_model, n_layers=a.n_layers, layer=a.layer, **task.model)
+        trainer = Trainer(model, data, steps=a.steps, batch_size=a.batch_size, lr=a.lr, loss=task.loss, eval_data=held_out, seed=a.seed, device=device, amp=a.amp)
     except (TypeError, ValueError) as e: ap.error(f"--layer {a.layer} --d-model {a.d_model} --batch-size {a.batch_size}: {e}")
-    trainer.fit(progress=True)
+    trainer.fit(eval_every=a.eval_every, progress=True)
     if distributed:  # DDP's promise: every rank holds the same parameters; measure it
         flat = torch.cat([p.detach().flatten() for p in model.parameters()])
         every = [torch.empty_like(flat) for _ in range(_dist()[1])]
         torch.distributed.all_gather(every, flat)
         trainer.history["rank_param_diff"] = max((f - flat).abs().max().item() for f in every)
     if a.save: trainer.save(a.save)
-    if _dist()[0] == 0: print(f"final loss {trainer.history['loss'][-1]:.6f} on {device}" + (f" ({a.amp} autocast)" if a.amp != "none" else ""))
+    if _dist()[0] == 0:
+        h = trainer.history
+        print(f"final loss {h['loss'][-1]:.6f} on {device}" + (f" ({a.amp} autocast)" if a.amp != "none" else "")
+              + f"; held out ({len(trainer.eval_data[0])} examples): loss {h['eval_loss'][-1]:.4f}" + ("" if h["eval_acc"][-1] is None else f", accuracy {h['eval_acc'][-1]:.3f}"), flush=True)
     if own_group: torch.distributed.destroy_process_group()
     return trainer
 

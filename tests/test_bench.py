@@ -6,8 +6,10 @@ from ssm_course.bench import Case, evaluate, measure, ratio
 
 def test_bench_cli_quick(tmp_path):
     out = tmp_path / "r.json"
-    subprocess.run([sys.executable, "-m", "ssm_course.bench", "--quick", "--out", str(out)], check=True, capture_output=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "ssm_course.bench", "--quick", "--out", str(out)], check=True, capture_output=True, text=True, timeout=600)
     res = json.loads(out.read_text())
+    n = len(res["cases"])  # stdout is not a terminal: no bar, a line per case as it ends
+    assert [l.rsplit(" (", 1)[0] for l in r.stdout.splitlines()[:n]] == [f"{i}/{n} {c['case']}" for i, c in enumerate(res["cases"], 1)], r.stdout[:2000]
     assert res["mode"] == "quick" and len(res["cases"]) >= 7 and res["copy_GBps"] == max(res["copy_GBps_start"], res["copy_GBps_end"]) > 0 and res["matmul_GFLOPs"] > 0
     assert res["threads"] == 1 and len(res["load_avg_before"]) == 3 and len(res["load_avg_after"]) == 3
     for c in res["cases"]:  # every implementation checked, in every case (the layers included), and timed

@@ -5,7 +5,7 @@ architecture: it compiles; it spills nothing (stack and local memory 0); its sha
 227 KB on sm_90); tensor-core instructions appear wherever it uses `tl.dot`; 128-bit global loads appear wherever its
 access is contiguous. Everything is compiled once, in one separate process without TRITON_INTERPRET (which other test
 modules set), with Triton's on-disk cache."""
-import json, os, subprocess, sys
+import json, os, re, subprocess, sys
 import pytest
 
 pytest.importorskip("triton")
@@ -151,9 +151,12 @@ def test_perf_model_rows(compiled):
 
 
 def test_command_line_prints_the_table():
-    out = subprocess.run([sys.executable, "-m", "ssm_course.gpu_report", "--modules", "ssm_course.triton_scan", "--variants", "float32",
-                          "--kernels", "_scan_fwd_kernel", "--archs", "90"], env=clean_env(), capture_output=True, text=True, timeout=300).stdout
+    "The table on stdout; on stderr (not a terminal here) a line before compiling and one per kernel compiled (a first run takes minutes: was silent)."
+    r = subprocess.run([sys.executable, "-m", "ssm_course.gpu_report", "--modules", "ssm_course.triton_scan", "--variants", "float32",
+                        "--kernels", "_scan_fwd_kernel", "--archs", "90"], env=clean_env(), capture_output=True, text=True, timeout=300)
+    out, err = r.stdout, r.stderr.splitlines()
     assert out.startswith("| kernel | variant | arch | registers | spill_bytes | shared_bytes | tensor_cores | vector_loads |") and "| `_scan_fwd_kernel` | float32 | sm_90 |" in out
+    assert re.fullmatch(r"compiling 1 kernel variant\(s\) for sm_90 with [12] worker\(s\)", err[0]) and re.fullmatch(r"compiled 1/1: _scan_fwd_kernel float32 sm_90 \(\d+ s\)", err[1]) and len(err) == 2, err
 
 
 @pytest.mark.parametrize("args,msg", [

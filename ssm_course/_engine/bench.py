@@ -8,7 +8,7 @@ Docs: https://ssm-course.github.io/ssm_course/engine/bench.html.md"""
 __all__ = []
 
 # %% ../../nbs/engine/bench.ipynb #e2e2bc2b
-import os
+import importlib.util, os
 from importlib import import_module
 from importlib.metadata import version, PackageNotFoundError
 from pathlib import Path
@@ -30,6 +30,17 @@ def _caches()->dict:
             out[f"L{(d / 'level').read_text().strip()}"] = int(s[:-1]) * {"K": 1 << 10, "M": 1 << 20}[s[-1]] if s[-1] in "KM" else int(s)
         except (OSError, ValueError, KeyError): pass
     return out
+
+_NEEDED = {"scipy": "scipy"}  # module: distribution, what the cases' references need (scipy.signal for the LTI scan and causal_conv)
+_PEERS = {"accelerated_scan": "accelerated-scan", "mambapy": "mambapy", "numba": "numba", "ducc0": "ducc0"}  # optional: timed when installed
+
+def _missing(modules:dict)->list:
+    "The distributions of `modules` ({module: distribution}) that are not installed (found without importing them)."
+    return [d for m, d in modules.items() if importlib.util.find_spec(m) is None]
+
+def _needed_message(missing:list)->str:
+    "What to install when the benchmark's references are missing."
+    return f"the benchmark checks every case against references that need {', '.join(missing)}, which is not installed: pip install \"ssm_course[bench]\""
 
 # %% ../../nbs/engine/bench.ipynb #81a87520
 def _holders(attr:str, # the attribute: the optional package's entry point

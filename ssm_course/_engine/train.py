@@ -36,6 +36,21 @@ def _setup_device(name, distributed):
         torch.cuda.set_device(device)
     return device
 
+def _device_error(name:str)->str|None:
+    "Why `--device name` cannot train here, in one line (what to use instead), or None if it can."
+    if name == "auto": return None
+    try: d = torch.device(name)
+    except (RuntimeError, ValueError, TypeError): return "not a device; use auto, cpu, cuda or cuda:N (mps on a Mac)"
+    if d.type == "cuda":
+        if not torch.backends.cuda.is_built(): return f"this PyTorch ({torch.__version__}) is built without CUDA; use --device cpu (or auto), or install a CUDA build of PyTorch"
+        if not torch.cuda.is_available(): return "PyTorch finds no CUDA GPU here (driver, CUDA_VISIBLE_DEVICES?); use --device cpu or auto"
+        n = torch.cuda.device_count()
+        if d.index is not None and d.index >= n: return f"there {'is' if n == 1 else 'are'} {n} CUDA GPU(s) here: cuda:0" + (f" to cuda:{n - 1}" if n > 1 else "")
+    elif d.type == "mps":
+        if not torch.backends.mps.is_available(): return "MPS (an Apple GPU) is not available here; use --device cpu or auto"
+    elif d.type != "cpu": return f"this command trains on cpu, cuda or mps, not on {d.type}; use auto, cpu, cuda or cuda:N"
+    return None
+
 def _backend(device):
     "The process-group backend for `device`: NCCL for CUDA tensors, gloo for CPU tensors (NCCL cannot communicate CPU tensors)."
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
@@ -188,7 +203,7 @@ def _check_trainer_state(trainer, s, path):
             raise bad(f"optimizer group {g['name']!r} has initial_lr {g['initial_lr']} and lr {g['lr']}, the schedule base lr {sched['base_lrs'][j]} and last lr {sched['_last_lr'][j]}")
 
 # %% ../../nbs/engine/train.ipynb #9b8c33f5
-import base64, html, io, sys
+import base64, html, io, os, sys
 from tqdm.std import tqdm
 
 def _in_jupyter()->bool:
@@ -230,6 +245,13 @@ class _HTMLBar(_Bar):
         super().close()  # with gui=True tqdm only unregisters the bar
         self.display(gone=not self.leave)
 
+def _terminal_bar(iterable=None, total=None, desc=None, leave=True)->tqdm:
+    "tqdm's text bar on stderr when stderr is a terminal; otherwise a disabled bar (no output but what `write` prints)."
+    try: columns = os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError, AttributeError): columns = 0
+    width = dict(dynamic_ncols=True) if columns else dict(ncols=80, nrows=24)  # a terminal that reports a 0 x 0 size (a container's, before a resize) would get no bar
+    return _Bar(iterable, total=total, desc=desc, leave=leave, file=sys.stderr, disable=not sys.stderr.isatty(), **width)
+
 def progress_bar(iterable=None, # what to iterate over (or None and `update()` by hand)
                  total:int|None=None, # the number of items (default: `len(iterable)`)
                  desc:str|None=None, # the bar's label
@@ -237,7 +259,7 @@ def progress_bar(iterable=None, # what to iterate over (or None and `update()` b
                 )->tqdm: # a tqdm bar; `bar.write(line)` prints a line on stdout in every mode
     "tqdm drawn for where this runs: an HTML bar in Jupyter, tqdm's text bar on a terminal's stderr, no bar elsewhere (a pipe, a log file, CI)."
     if _in_jupyter(): return _HTMLBar(iterable, total=total, desc=desc, leave=leave, mininterval=0.2)
-    return _Bar(iterable, total=total, desc=desc, leave=leave, file=sys.stderr, disable=not sys.stderr.isatty(), dynamic_ncols=True)
+    return _terminal_bar(iterable, total, desc, leave)
 
 class _LivePlot:
     "The training figure of `Trainer.fit(plot=True)`: training loss, evaluation loss and accuracy against the step, redrawn in place in Jupyter (one image), nothing elsewhere."
