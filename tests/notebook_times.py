@@ -3,14 +3,14 @@ a slow notebook is seen when it appears rather than when the suite has become sl
 
     python tests/notebook_times.py [--max-seconds 60] [--n-workers 2] [--enforce] [notebooks...]
 
-Each notebook gets two times: wall-clock seconds, and CPU seconds (the process time of the worker that ran it, all its
-threads, plus any child processes it waited for). A reader's laptop may be slow or busy, and a timing there is a
+Unlike `nbdev-test`, each notebook runs in a fresh process (forked from a server that has already imported torch),
+so no notebook's module state reaches another. Each notebook gets two times: wall-clock seconds, and CPU seconds (the
+process time of its process, all its threads, plus any child processes it waited for). A reader's laptop may be slow or busy, and a timing there is a
 report, not a test: the budget fails the run only with `--enforce` (or SSM_COURSE_ENFORCE_NB_BUDGET=1, which `.ci/run`
 sets), and then on CPU time, which a second busy process does not inflate."""
 import argparse, os, resource, sys, time
 from pathlib import Path
 
-from fastcore.parallel import parallel
 from nbdev.config import get_config
 from nbdev.doclinks import nbglob
 from nbdev.test import test_nb
@@ -26,6 +26,27 @@ def timed_test(fn, **kwargs):
     wall, cpu = time.perf_counter(), _cpu()
     ok, _ = test_nb(fn, **kwargs)
     return ok, time.perf_counter() - wall, _cpu() - cpu
+
+
+# What every notebook imports anyway: the fork server loads it once, and each notebook's process is forked from there.
+PRELOAD = ["numpy", "torch", "matplotlib", "matplotlib.pyplot", "IPython", "execnb.shell", "nbdev.test", "ssm_course"]
+
+
+def run_isolated(files, n_workers, **kw):
+    """`timed_test` on each notebook in a process of its own (`max_tasks_per_child=1`), `n_workers` side by side.
+
+    nbdev-test runs several notebooks in one process, so one notebook's module state (a switched-off accelerator, a
+    re-registered torch.library operator, a patched function) reaches the next, depending on which notebooks share a
+    worker: failures that come and go. A fresh process per notebook costs little because each is forked from a server
+    that has already imported torch & co (the forkserver's preload)."""
+    import concurrent.futures, importlib.util, multiprocessing
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([m for m in PRELOAD if importlib.util.find_spec(m.split(".")[0])])
+    # Pass the function by this module's name: the workers import it (and __main__ is IPython's once a notebook runs).
+    import notebook_times
+    with concurrent.futures.ProcessPoolExecutor(max(1, n_workers), mp_context=ctx, max_tasks_per_child=1) as ex:
+        futures = [ex.submit(notebook_times.timed_test, f, **kw) for f in files]
+        return [f.result() for f in futures]
 
 
 def notebooks(paths=()):
@@ -50,11 +71,8 @@ def main(argv=None):
     files = notebooks(a.notebooks)
     skip = cfg.tst_flags.split() if isinstance(cfg.tst_flags, str) else list(cfg.tst_flags)
     os.chdir(cfg.nbs_path)
-    # The workers run notebooks in IPython shells, which replace `__main__`: pass the function by this module's name, so a
-    # worker that has run a notebook can still unpickle it for the next one.
-    import notebook_times
-    results = parallel(notebook_times.timed_test, files, n_workers=a.n_workers if len(files) > 1 else 0, pause=0.01,
-                       skip_flags=skip, basepath=cfg.config_path, do_print=True, cell_timeout=cfg.cell_timeout or None)
+    kw = dict(skip_flags=skip, basepath=cfg.config_path, do_print=True, cell_timeout=cfg.cell_timeout or None)
+    results = run_isolated(files, a.n_workers, **kw)
     print(f"seconds per notebook in test mode (budget {a.max_seconds:g} s of CPU time each"
           f"{', enforced' if a.enforce else ', reported only: pass --enforce to fail on it'}):")
     print(f"  {'notebook':<32} {'wall':>6} {'CPU':>6}")

@@ -46,3 +46,13 @@ def test_a_worker_runs_several_notebooks(busy_notebook, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "notebook_times.py"), str(busy_notebook), str(tmp_path / "b.ipynb"),
                         str(tmp_path / "c.ipynb"), "--n-workers", "2"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.count("- Completed") == 3, r.stdout + r.stderr
+
+
+def test_each_notebook_runs_in_a_fresh_process(tmp_path):
+    "A notebook that changes module state (here: replaces a library function) cannot reach the next one, whichever worker runs it."
+    first = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import ssm_course.scan as s\ns.scan = None")])
+    second = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import ssm_course.scan as s\nassert s.scan is not None")])
+    nbformat.write(first, tmp_path / "a.ipynb"); nbformat.write(second, tmp_path / "b.ipynb")
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "notebook_times.py"), str(tmp_path / "a.ipynb"), str(tmp_path / "b.ipynb"),
+                        "--n-workers", "1"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.count("- Completed") == 2, r.stdout + r.stderr
