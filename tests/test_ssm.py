@@ -155,3 +155,43 @@ def test_transient_bounded_by_the_symmetric_part():
     M = np.array([[-0.5, 20.0], [0.0, -1.0]])
     mu, h = np.linalg.eigvalsh((M + M.T) / 2).max(), 1e-7
     assert abs((np.linalg.norm(expm(h * M), 2) - 1) / h - mu) < 1e-4 * mu  # observed 9.2531 vs 9.2531
+
+
+@pytest.mark.parametrize("N", [2, 3, 4, 8, 12])
+def test_lagt_shift_is_one_jordan_block(N):
+    """Notebook 01: M = LagT's A + I/2 = -E (I - E)^{-1} has M^{N-1} = (-1)^{N-1} e_N e_1^T exactly and M^N = 0 (one Jordan
+    block of size N), so ||e^{tM}||_2 = t^{N-1}/(N-1)! (1 + O(1/t)); numpy's matrix_power and scipy's expm."""
+    import math
+    from scipy.linalg import expm
+    from ssm_course.hippo import hippo
+    M = hippo("lagt", N)[0].numpy() + np.eye(N) / 2
+    corner = np.zeros((N, N)); corner[-1, 0] = (-1) ** (N - 1)
+    assert np.array_equal(np.linalg.matrix_power(M, N - 1), corner) and not np.linalg.matrix_power(M, N).any()
+    for t in [1e3, 1e5]:
+        ratio = np.linalg.norm(expm(t * M), 2) / (t ** (N - 1) / math.factorial(N - 1))
+        assert abs(ratio - 1) < N**2 / t, (t, ratio)  # observed about (N-1)(N-2)/t
+
+
+@pytest.mark.parametrize("N", [2, 5, 16, 64])
+def test_symmetric_parts_of_legs_and_lagt(N):
+    "Notebook 01: LegS's A + A^T = -I - r r^T (mu = -1/2), LagT's = -1 1^T (mu = 0), with numpy's eigvalsh."
+    from ssm_course.hippo import hippo
+    r = np.sqrt(2 * np.arange(N) + 1)
+    legs, lagt = hippo("legs", N)[0].numpy(), hippo("lagt", N)[0].numpy()
+    assert np.abs(legs + legs.T - (-np.eye(N) - np.outer(r, r))).max() < 1e-13
+    assert np.array_equal(lagt + lagt.T, -np.ones((N, N)))
+    tol = 1e-15 * N**2  # eigvalsh's rounding, relative to ||r r^T|| = N^2: observed 5.0e-13 at N = 64
+    assert abs(np.linalg.eigvalsh((legs + legs.T) / 2).max() + 0.5) < tol and abs(np.linalg.eigvalsh((lagt + lagt.T) / 2).max()) < tol
+
+
+def test_norm_within_kappa_of_the_eigenvector_basis():
+    """Notebook 01: for a diagonalisable A = X diag(Lambda) X^{-1}, e^{alpha t}/kappa(X) <= ||e^{tA}||_2 <= kappa(X) e^{alpha t}
+    (numpy's eig and cond, scipy's expm)."""
+    from scipy.linalg import expm
+    for seed in range(6):
+        A = random_ssm(8, stable=seed % 2 == 0, seed=seed)[0].numpy()
+        lam, X = np.linalg.eig(A)
+        kappa, alpha = np.linalg.cond(X), lam.real.max()
+        for t in np.linspace(0, 30, 31):
+            n = np.linalg.norm(expm(t * A), 2)
+            assert np.exp(alpha * t) / kappa * (1 - 1e-12) <= n <= kappa * np.exp(alpha * t) * (1 + 1e-12), (seed, t)
