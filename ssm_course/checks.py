@@ -214,3 +214,90 @@ def full_precision(f):
             for d in on: stack.enter_context(torch.autocast(d, enabled=False))
             return f(*args, **kwargs)
     return wrapper
+
+# %% ../nbs/engine/checks.ipynb #af71f0db
+import ast, dataclasses, inspect, io, linecache, textwrap, tokenize
+
+def _comment(line:str)->str|None:
+    "The text after the `#` of the comment on a source line, or None (tokenized alone: a `#` inside a string is no comment)."
+    if "#" not in line: return None
+    try: return next((t.string[1:] for t in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline) if t.type == tokenize.COMMENT), None)
+    except (tokenize.TokenError, SyntaxError): return line.split("#", 1)[1] if not ({"'", '"'} & set(line)) else None  # `)->Tensor: # ...` alone
+
+def _docments(node:ast.FunctionDef|ast.ClassDef, lines:list)->dict:
+    "{parameter: comment, 'return': comment} of the definition `node` (a function, or a dataclass and its fields) in its module's source `lines`, read as fastcore's `docments(f, args_kwargs=True)` reads them (the docs' parameter tables): the comment ending the parameter's line, else the comment lines right above it."
+    if isinstance(node, ast.ClassDef): locs = {x.lineno: x.target.id for x in node.body if isinstance(x, ast.AnnAssign)}
+    else:
+        a = node.args
+        locs = {x.lineno: x.arg for x in [*a.posonlyargs, *a.args]}
+        if a.vararg: locs[a.vararg.lineno] = a.vararg.arg
+        locs.update({x.lineno: x.arg for x in a.kwonlyargs})
+        if a.kwarg: locs[a.kwarg.lineno] = a.kwarg.arg
+        if node.returns is not None: locs[node.returns.lineno] = "return"
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    comments = {n: c for n in range(first, max(locs, default=0) + 1) if (c := _comment(lines[n - 1])) is not None}
+    docs = {}
+    for line, name in locs.items():
+        if name in docs: continue
+        if line in comments: docs[name] = comments[line].strip(); continue
+        above, n = [], line - 1
+        while n >= first and n in comments and n not in locs: above.append(comments[n]); n -= 1
+        docs[name] = textwrap.dedent("\n".join(reversed(above))) if above else None
+    return docs
+
+def _definitions(tree:ast.Module)->dict:
+    "{qualified name: definition} of a module's functions, classes and their methods (also under `if` and `try` at the top)."
+    out = {}
+    def visit(body, prefix=""):
+        for n in body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)): out[prefix + n.name] = n
+            elif isinstance(n, ast.ClassDef) and not prefix: out[n.name] = n; visit(n.body, n.name + ".")
+            elif isinstance(n, (ast.If, ast.Try, ast.With)) and not prefix:
+                visit(n.body); visit(getattr(n, "orelse", [])); visit(getattr(n, "finalbody", []))
+    visit(tree.body)
+    return out
+
+def _annotation(a)->str:
+    "An annotation as it reads in the source: `int | None`, `torch.Tensor`, `str`; '' for none."
+    if a is inspect.Parameter.empty: return ""
+    return a if isinstance(a, str) else inspect.formatannotation(a).removeprefix("typing.")
+
+def _section(f, docs:dict)->str:
+    "`Parameters:` (name, type, default, comment of each parameter) if one is described, and `Returns:` if the result is; '' if neither is."
+    try: sig = inspect.signature(f)
+    except (TypeError, ValueError): return ""
+    star = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    lines, parts = [], []
+    for k, p in sig.parameters.items():
+        if k == "self": continue
+        head = star.get(p.kind, "") + k + (f": {_annotation(p.annotation)}" if _annotation(p.annotation) else "")
+        if p.default is not inspect.Parameter.empty: head += f" = {p.default!r}"
+        lines += [f"    {head}"] + ([f"        {' '.join(docs[k].split())}"] if docs.get(k) else [])
+    if any(docs.get(k) for k in sig.parameters if k != "self"): parts.append("Parameters:\n" + "\n".join(lines))
+    if docs.get("return") and f.__name__ != "__init__":
+        a = _annotation(sig.return_annotation)
+        parts.append(f"Returns:{' ' + a if a else ''}\n    {' '.join(docs['return'].split())}")
+    return "\n\n".join(parts)
+
+def _complete(obj, section:str):
+    "Append `section` to the docstring of `obj` (once: a module imported again is not documented twice)."
+    doc = obj.__doc__ or ""
+    if section and section not in doc: obj.__doc__ = (inspect.cleandoc(doc) + "\n\n" if doc.strip() else "") + section  # cleandoc: the summary's continuation lines keep their place
+
+def _document(module):
+    "Add to the docstring of each public function and class of `module` (its `__all__`) the parameters, layouts and results of its docments comments, for `help()`."
+    try: lines = linecache.getlines(module.__file__); defs = _definitions(ast.parse("".join(lines)))
+    except (OSError, TypeError, SyntaxError): return  # no source file (a pyc-only install): the docstrings stay as they are
+    def section(f):
+        f = inspect.unwrap(f)  # a decorated function: the comments are the original's
+        node = defs.get(f.__qualname__) if getattr(f, "__module__", None) == module.__name__ else None
+        return _section(f, _docments(node, lines)) if node is not None else ""
+    for name in getattr(module, "__all__", ()):
+        obj = getattr(module, name, None)
+        if inspect.isclass(obj) and obj.__module__ == module.__name__:
+            init = obj if dataclasses.is_dataclass(obj) else obj.__init__ if "__init__" in vars(obj) else None  # a dataclass: its fields
+            if init is not None: _complete(obj, section(init))
+            if "__init__" in vars(obj) and not obj.__init__.__doc__: obj.__init__.__doc__ = obj.__doc__  # help() would show nn.Module's "Initialize internal Module state"
+            for attr, f in vars(obj).items():
+                if inspect.isfunction(f) and not attr.startswith("_"): _complete(f, section(f))
+        elif inspect.isfunction(inspect.unwrap(obj)) if callable(obj) else False: _complete(obj, section(obj))
