@@ -103,16 +103,16 @@ def hippo_project(
     A, B = (m.to(u.device) for m in hippo(measure, N, real_dtype(cd)))
     L = u.shape[-1]
     ubar = (torch.cat([torch.zeros_like(u[..., :1]), u[..., :-1]], -1) + u) / 2  # trapezoid: (u_{k-1} + u_k)/2
-    if measure == "legs":  # log-time steps h = log((k+1)/k); A is lower triangular, so each bilinear step is a triangular solve
+    if measure == "legs":  # log-time steps delta_k = log((k+1)/k); A is lower triangular, so each bilinear step is a triangular solve
         k = torch.arange(2, L + 1, dtype=real_dtype(cd), device=u.device)
-        h = torch.log(k / (k - 1)).tolist()
+        delta = torch.log(k / (k - 1)).tolist()
         I = torch.eye(N, dtype=cd, device=u.device)
         A, B = A.to(cd), B.to(cd)
         c = u[..., :1] * I[0]  # c_0 = u_0 e_0
         cs = [c]
-        for i in range(L - 1):  # (I - h/2 A) c_k = (I + h/2 A) c_{k-1} + h B ubar_k
-            rhs = c + (h[i] / 2) * (c @ A.T) + h[i] * ubar[..., i + 1, None] * B  # (..., N)
-            c = torch.linalg.solve_triangular(I - (h[i] / 2) * A, rhs[..., None], upper=False)[..., 0]
+        for i in range(L - 1):  # (I - delta_k/2 A) c_k = (I + delta_k/2 A) c_{k-1} + delta_k B ubar_k
+            rhs = c + (delta[i] / 2) * (c @ A.T) + delta[i] * ubar[..., i + 1, None] * B  # (..., N)
+            c = torch.linalg.solve_triangular(I - (delta[i] / 2) * A, rhs[..., None], upper=False)[..., 0]
             cs.append(c)
     else:
         dA, dB = discretize(A, B, dt, "bilinear")  # (*dt.shape, N, N), (*dt.shape, N)
@@ -139,8 +139,8 @@ def hippo_reconstruct(
 def _low_rank(
     measure:str, # "legs", "legt", "lagt" or "fout"
     N:int, # state size
-)->Tensor: # $p$, (r, N)
-    "The real low-rank factor $p$ such that $A + p^\\top p$ is normal."
+)->Tensor: # the columns of $\hat P$ as rows, (r, N)
+    "The real low-rank factor $\\hat P$ (returned transposed, as `p`) such that $A + \\hat P\\hat P^\\top$ is normal."
     n = torch.arange(N, dtype=torch.float64)
     r = torch.sqrt(2 * n + 1)
     if measure == "legs": return torch.sqrt(n + 0.5)[None]
@@ -156,10 +156,10 @@ def dplr(
     N = _check_measure(measure, N, MEASURES)
     A, B = hippo(measure, N)
     p = _low_rank(measure, N)  # (r, N)
-    AN = A + p.T @ p  # normal: c I + S, S skew-symmetric
-    c = torch.diagonal(AN).mean()
-    S = AN - c * torch.eye(N, dtype=torch.float64)
+    AN = A + p.T @ p  # normal: eta I + S, S skew-symmetric
+    eta = torch.diagonal(AN).mean()
+    S = AN - eta * torch.eye(N, dtype=torch.float64)
     w, V = torch.linalg.eigh(-1j * S.to(torch.complex128))  # -iS is Hermitian
-    Lambda = c + 1j * w
+    Lambda = eta + 1j * w
     P = p.to(torch.complex128) @ V.conj()  # rows of V^H p: (r, N)
     return Lambda, P, V.mH @ B.to(torch.complex128), V  # P keeps its rank axis for every measure

@@ -254,3 +254,64 @@ def test_hippo_project_dt_on_another_device():
     with pytest.raises(ValueError, match=r"dt is on device meta but u is on cpu"):
         hippo_project("legt", torch.randn(20), 4, torch.tensor(0.01, device="meta"))
     assert hippo_project("legt", torch.randn(20, device="meta"), 4, torch.tensor(0.01)).device.type == "meta"  # a 0-d CPU dt: a number
+
+
+# ---------------------------------------------------------------- cold read of issue 27 (B): LegS's eigenvectors
+
+def test_legs_eigenvectors_are_signed_binomials_exactly():
+    """Notebook 03: M = -(Sigma R)^{-1} A (Sigma R) is the integer matrix (-1)^{n-k}(2k+1) below the diagonal, n+1 on it, and
+    M Pi = Pi diag(1..N) for Pi_ij = C(i+j, i-j), i.e. sum_{k=j}^{n-1} (-1)^{n-k}(2k+1) C(k+j,k-j) = (j-n) C(n+j,n-j): exact
+    integers for n < 60; and W = Sigma R Pi are eigenvectors of the float matrix (numpy)."""
+    from math import comb
+    assert all(sum((-1) ** (n - k) * (2 * k + 1) * comb(k + j, k - j) for k in range(j, n)) == (j - n) * comb(n + j, n - j)
+               for n in range(60) for j in range(n + 1))
+    N = 30
+    M = [[(-1) ** (n - k) * (2 * k + 1) if k < n else (n + 1 if k == n else 0) for k in range(N)] for n in range(N)]
+    Pi = [[comb(i + j, i - j) if i >= j else 0 for j in range(N)] for i in range(N)]
+    assert all(sum(M[n][k] * Pi[k][j] for k in range(N)) == Pi[n][j] * (j + 1) for n in range(N) for j in range(N))
+    A = hippo("legs", 12)[0].numpy()
+    sr = (-1.0) ** np.arange(12) * np.sqrt(2 * np.arange(12) + 1)
+    assert np.allclose(-(A * sr[None, :]) / sr[:, None], np.array(M)[:12, :12], rtol=0, atol=1e-13)
+    W = sr[:, None] * np.array(Pi, dtype=float)[:12, :12]
+    assert np.abs(A @ W - W * -np.arange(1, 13)).max() < 1e-14 * np.abs(W).max()
+
+
+def _kappa_unit_columns_mpmath(N, dps=100):
+    import mpmath
+    from math import comb
+    with mpmath.workdps(dps):
+        W = mpmath.matrix([[(-1) ** i * mpmath.sqrt(2 * i + 1) * comb(i + j, i - j) if i >= j else 0 for j in range(N)] for i in range(N)])
+        for j in range(N):
+            norm = mpmath.sqrt(mpmath.fsum(W[i, j] ** 2 for i in range(N)))
+            for i in range(N): W[i, j] /= norm
+        sv = mpmath.svd_r(W, compute_uv=False)
+        return float(max(sv) / min(sv))
+
+
+def test_legs_eigenvector_condition_number_and_the_eig_kernel():
+    """Notebook 03 (cold read B3-4): kappa_2 of LegS's eigenvectors (unit columns) in 100-digit arithmetic is far above the
+    bound beta_N (even divided by van der Sluis's sqrt N), and the kernel computed through numpy's eig, against the dense
+    ZOH kernel from scipy's expm, has a relative error between 1e-3 and 1 times eps kappa_2 (a factor 5.8 per state)."""
+    from math import comb
+    from scipy.linalg import expm
+    eps = np.finfo(float).eps
+    got = {}
+    for N in [8, 16, 24, 32]:
+        kappa = _kappa_unit_columns_mpmath(N)
+        beta = max(math.sqrt(2 * i + 1) * comb(i + j, i - j) / math.sqrt(2 * j + 1) for i in range(N) for j in range(i + 1))
+        assert kappa / math.sqrt(N) > 50 * beta, N
+        A, B = (m.numpy() for m in hippo("legs", N))
+        C = np.random.default_rng(N).standard_normal(N)
+        dt, L = 0.01, 400
+        dA = expm(dt * A)
+        dB = np.linalg.solve(A, (dA - np.eye(N)) @ B)
+        x, K = dB, []
+        for _ in range(L): K.append(C @ x); x = dA @ x
+        K = np.array(K)
+        lam, X = np.linalg.eig(A)
+        Bt = np.linalg.solve(X, B.astype(complex)) * np.expm1(dt * lam) / lam
+        K_eig = ((C @ X) * Bt) @ np.exp(dt * lam)[:, None] ** np.arange(L)
+        got[N] = kappa, np.abs(K_eig - K).max() / np.abs(K).max()
+        assert 1e-3 < got[N][1] / (eps * kappa) < 1, (N, got[N])
+    assert 7e4 < got[8][0] < 8e4 and 1.2e23 < got[32][0] < 1.3e23
+    assert 5.5 < (got[32][0] / got[16][0]) ** (1 / 16) < 6.0  # about 5.8 per state
