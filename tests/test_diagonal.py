@@ -254,16 +254,16 @@ def test_log_uniform_dt_bounds_and_a_single_step():
 
 # ---------------------------------------------------------------- issue 27 item 10: S4D-LegS = S4-LegS behind one filter
 
-def _transfer(A, B, C, s):
-    "C (sI - A)^{-1} B by a dense complex128 solve."
+def _transfer(A, B, C, z):
+    "C (zI - A)^{-1} B by a dense complex128 solve."
     I = torch.eye(A.shape[-1], dtype=C128)
-    return (C.to(C128) @ torch.linalg.solve(s * I - A.to(C128), B.to(C128))).item()
+    return (C.to(C128) @ torch.linalg.solve(z * I - A.to(C128), B.to(C128))).item()
 
 
 @pytest.mark.parametrize("N", [1, 2, 7, 16, 64])
 def test_s4d_legs_is_s4_legs_behind_one_scalar_filter(N):
-    """Notebook 06: with A = HiPPO-LegS, A_nor = A + B B^T / 2 (P = B / sqrt 2) and H_N(s) = B^T (sI - A)^{-1} B,
-    (A_nor, B/2, C) = (A, B, C) * 1 / (2 - H_N) for every C, H_N(s) = 1 - prod_{j<N} (s - j)/(s + j + 1), H_N(m) = 1 for m < N.
+    """Notebook 06: with A = HiPPO-LegS, A_nor = A + B B^T / 2 (P^ = B / sqrt 2) and G_N(z) = B^T (zI - A)^{-1} B,
+    (A_nor, B/2, C) = (A, B, C) * 1 / (2 - G_N) for every C, G_N(z) = 1 - prod_{j<N} (z - j)/(z + j + 1), G_N(m) = 1 for m < N.
     Dense float64 solves against the closed form; odd N included (the theorem does not need conjugate pairs)."""
     from ssm_course.hippo import hippo
     A, B = hippo("legs", N)
@@ -280,7 +280,7 @@ def test_s4d_legs_is_s4_legs_behind_one_scalar_filter(N):
 
 @pytest.mark.parametrize("N", [2, 16, 64])
 def test_s4d_legs_init_is_the_filtered_system_and_its_modes_are_the_filters_poles(N):
-    "s4d_init('legs') (half the spectrum, B halved) gives the same ratio 1/(2 - H_N); its eigenvalues are the roots of 1 + Q_N."
+    "s4d_init('legs') (half the spectrum, B halved) gives the same ratio 1/(2 - G_N); its eigenvalues are the roots of 1 + Q_N."
     from ssm_course.hippo import hippo, dplr
     A, B = hippo("legs", N)
     Lam, _, _, V = dplr("legs", N)
@@ -292,3 +292,22 @@ def test_s4d_legs_init_is_the_filtered_system_and_its_modes_are_the_filters_pole
         s4d = ((Ch * Bh) / (s - lam) + (Ch * Bh).conj() / (s - lam.conj())).sum().item()
         assert abs(s4d / _transfer(A, B, C, s) * (1 + Q(s)) - 1) < 1e-12
     assert max(abs(1 + Q(complex(l))) for l in lam.tolist()) < 1e-11
+
+
+@pytest.mark.parametrize("N", [1, 2, 5, 8, 12, 20])
+def test_filter_poles_are_all_eigenvalues_of_the_normal_part(N):
+    """Notebook 06 (cold read C1): the matrix determinant lemma gives prod_{j<N} (z + j + 1) + prod_{j<N} (z - j) = 2 det(zI - A_nor):
+    the characteristic polynomial of A_nor (numpy.poly) against the two products' coefficients, and numpy's roots of the left side
+    against numpy's eigenvalues of A_nor (all on Re = -1/2). Below w = N, |F_N(iw)| = 1/|1 + Q_N| <= 1/(1 - 1/sqrt 2)."""
+    from ssm_course.hippo import hippo
+    A, B = (m.numpy() for m in hippo("legs", N))
+    A_nor = A + 0.5 * np.outer(B, B)
+    lhs = np.poly(-np.arange(1, N + 1)) + np.poly(np.arange(N))  # coefficients, highest first; leading 2
+    assert np.abs(lhs - 2 * np.poly(A_nor)).max() < 1e-13 * np.abs(lhs).max()
+    by_imag = lambda v: v[np.argsort(v.imag)]  # all real parts are -1/2
+    roots, eig = by_imag(np.roots(lhs)), by_imag(np.linalg.eigvals(A_nor))
+    scale = max(1, np.abs(eig).max())
+    assert np.abs(roots - eig).max() < 1e-14 * scale and np.abs(eig.real + 0.5).max() < 1e-15 * scale  # observed 1.7e-15, 4e-17
+    w = np.logspace(-3, np.log10(N), 4000)
+    Q = np.prod([(1j * w - j) / (1j * w + j + 1) for j in range(N)], axis=0)
+    assert np.abs(1 / (1 + Q)).max() <= 1 / (1 - 2 ** -0.5)
