@@ -140,16 +140,16 @@ def test_s4_repository_conventions():
 @pytest.mark.parametrize("measure", MEASURES)
 @pytest.mark.parametrize("N", [1, 2, 3, 8, 16, 33, 64])
 def test_every_hippo_matrix_is_dissipative(measure, N):
-    """Issue 27 item 1: A + A^T = 2c I - 2 P P^T <= 2c I (c = -1/2 for LegS, 0 otherwise), so ||e^{tA}||_2 <= e^{ct} and the
-    bilinear dA has ||dA||_2 <= 1. Checked with numpy's eigvalsh, scipy's expm and scipy's cont2discrete, not the course's code."""
+    """Issue 27 item 1: A + A^T = 2 eta I - 2 P^ P^T <= 2 eta I (eta = -1/2 for LegS, 0 otherwise; P^ the factor in HiPPO's own
+    basis), so ||e^{tA}||_2 <= e^{eta t} and the bilinear dA has ||dA||_2 <= 1. Checked with numpy's eigvalsh, scipy's expm and scipy's cont2discrete, not the course's code."""
     from scipy.linalg import expm
     from scipy.signal import cont2discrete
     A, B = (m.numpy() for m in hippo(measure, N))
-    c = -0.5 if measure == "legs" else 0.0
+    eta = -0.5 if measure == "legs" else 0.0
     scale = max(1.0, np.abs(A).max())
-    assert np.linalg.eigvalsh((A + A.T) / 2).max() <= c + 1e-15 * scale * N  # observed at most 4.2e-16 * scale * N
+    assert np.linalg.eigvalsh((A + A.T) / 2).max() <= eta + 1e-15 * scale * N  # observed at most 4.2e-16 * scale * N
     for t in np.linspace(0, 20, 41):
-        assert np.linalg.norm(expm(t * A), 2) <= np.exp(c * t) * (1 + 2e-13), t  # observed at most 1 + 5.7e-14
+        assert np.linalg.norm(expm(t * A), 2) <= np.exp(eta * t) * (1 + 2e-13), t  # observed at most 1 + 5.7e-14
     for dt in [1e-3, 0.1, 10.0]:
         dA = cont2discrete((A, B[:, None], np.eye(N), np.zeros((N, 1))), dt, method="bilinear")[0]
         assert np.linalg.norm(dA, 2) <= 1 + 1e-14, dt  # observed at most 1 + 1.1e-15
@@ -158,8 +158,8 @@ def test_every_hippo_matrix_is_dissipative(measure, N):
 @pytest.mark.parametrize("measure", MEASURES)
 @pytest.mark.parametrize("N", [1, 3, 8, 31])
 def test_dplr_spectrum_is_the_normal_parts(measure, N):
-    """Issue 27 item 6: Lambda against numpy's general eigensolver on A + P P^T (P from the table of notebook 03, built here),
-    so Re Lambda = c is checked, not assumed."""
+    """Issue 27 item 6: Lambda against numpy's general eigensolver on A + P^ P^T (P^ from the table of notebook 03, built here),
+    so Re Lambda = eta is checked, not assumed."""
     A = hippo(measure, N)[0].numpy()
     n = np.arange(N)
     P = {"legs": np.sqrt(n + 0.5)[:, None], "legt": np.stack([np.sqrt(2 * n + 1) * (n % 2 == 0), np.sqrt(2 * n + 1) * (n % 2 == 1)], 1),
