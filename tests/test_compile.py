@@ -165,7 +165,7 @@ def test_command_line_prints_the_table():
     (["--modules", "ssm_course.checks"], "argument --modules: ssm_course.checks has no compile_specs()"),
     (["--kernels", "nothing_kernel"], "argument --kernels: no compile spec of ssm_course.triton_scan, ssm_course.triton_ssm has the kernel name(s) ['nothing_kernel']; they are ['_kdiag_bwd_kernel'"),
     (["--variants", "float8"], "argument --variants: no compile spec of ssm_course.triton_scan, ssm_course.triton_ssm has the variant name(s) ['float8']"),
-    (["--kernels", "_scan_fwd_kernel", "--variants", "forward, bench"], "argument --variants: none of the kernels ['_scan_fwd_kernel'] has a variant in ['forward, bench']"),
+    (["--kernels", "_scan_fwd_kernel", "--variants", "forward, bench, N=16"], "argument --variants: none of the kernels ['_scan_fwd_kernel'] has a variant in ['forward, bench, N=16']"),
     (["--workers", "0"], "argument --workers: must be at least 1, got 0"),
     (["--coverage", "--modules", "foo"], "argument --modules: cannot import 'foo'"),
 ])

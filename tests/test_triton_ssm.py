@@ -527,3 +527,97 @@ def test_ops_equal_the_lessons_launches_bit_for_bit():
     cb = _ssd_cb(C_, B, 16)
     hs = scan_triton(torch.exp(d.sum(-1))[:, :, None, None, :], _ssd_state(x, dt, B, d), h0)
     assert torch.equal(y, _ssd_out(x, dt, C_, cb, d, hs, h0)) and torch.equal(s, hs[..., -1])
+
+
+# ---------------------------------------------------------------- issue 29: the selective scan at any N, read in place, int64 offsets, one-axis grids
+
+class _Grids:
+    "Stands in for a kernel: records the grid and the arguments of each launch and runs nothing."
+    def __init__(self): self.grids, self.calls = [], []
+    def __getitem__(self, grid):
+        self.grids.append(tuple(grid))
+        return lambda *args, **kwargs: self.calls.append((args, kwargs))
+
+
+def test_selective_reads_its_arguments_in_place(monkeypatch):
+    """Issue 29 item 1: selective_scan_triton made float32 contiguous copies of u, delta, z, A, D, the bias and the initial state, though the
+    kernels convert on load; the Mamba layer's (b, l, d) views of delta and z were copied again. Now the kernels get the arguments themselves,
+    forward and backward (B and C, whose time axis the kernels need contiguous, are transposed once: b n l numbers), and the result is the
+    float64 loop's."""
+    import ssm_course.triton_ssm as T
+    g = torch.Generator().manual_seed(29)
+    b, d, n, l = 2, 8, 3, 40
+    r = lambda *s: torch.randn(*s, generator=g)
+    base = dict(u=r(b, d, l), delta=r(b, l, d), A=r(n, d), B=r(b, l, n), C=r(b, l, n), D=r(2 * d), z=r(b, l, 2 * d), delta_bias=r(d), initial_state=r(b, n, d))
+    view = dict(u=lambda x: x, delta=lambda x: x.transpose(1, 2), A=lambda x: -torch.sigmoid(x).T - 0.1, B=lambda x: x.transpose(1, 2), C=lambda x: x.transpose(1, 2),
+                D=lambda x: x[::2], z=lambda x: x[..., :d].transpose(1, 2), delta_bias=lambda x: x, initial_state=lambda x: x.transpose(1, 2))  # the Mamba layer's views, and more
+    xs = {k: v.clone().requires_grad_() for k, v in base.items()}
+    args = {k: view[k](x) for k, x in xs.items()}
+    args["A"] = args["A"].detach().T.contiguous().T.requires_grad_()  # a leaf with (1, d) strides
+    assert not any(v.is_contiguous() for k, v in args.items() if k not in ("u", "delta_bias"))
+    fwd, bwd = _Grids(), _Grids()
+    with monkeypatch.context() as mp:  # the launches' arguments, nothing run
+        mp.setattr(T, "_selective_fwd_kernel", fwd); mp.setattr(T, "_selective_bwd_kernel", bwd)
+        y, last = selective_scan_triton(**args, delta_softplus=True, return_last_state=True, chunk=16)
+        torch.autograd.backward((y, last), (torch.ones_like(y), torch.ones_like(last)))
+    ptrs = lambda call, k: call[1][k].data_ptr()
+    for name, pos in [("u", 0), ("delta", 1), ("delta_bias", 2), ("A", 3), ("D", 6), ("z", 7)]:
+        assert fwd.calls[0][0][pos].data_ptr() == args[name].data_ptr() == bwd.calls[0][0][pos].data_ptr(), name
+    assert fwd.calls[0][0][8].data_ptr() == args["initial_state"].data_ptr()
+    for x in [*xs.values(), args["A"]]: x.grad = None
+    y, last = selective_scan_triton(**args, delta_softplus=True, return_last_state=True, chunk=16)
+    gy, gl = r(*y.shape), r(*last.shape)
+    torch.autograd.backward((y, last), (gy, gl))
+    xd = {k: v.detach().double().requires_grad_() for k, v in args.items()}
+    y_ref, last_ref = selective_scan_ref(**xd, delta_softplus=True, return_last_state=True)
+    torch.autograd.backward((y_ref, last_ref), (gy.double(), gl.double()))
+    assert rel(y, y_ref) < 1e-6 and rel(last, last_ref) < 1e-6
+    for k in ("u", "delta_bias", "A"): assert rel(args[k].grad, xd[k].grad) < 2e-6, k
+    for k in ("delta", "B", "C", "D", "z", "initial_state"): assert rel(view[k](xs[k].grad), xd[k].grad) < 2e-6, k
+
+
+@pytest.mark.parametrize("n", [64, 256])
+def test_selective_many_states(n):
+    "Issue 29 item 1: the states are a loop in the kernels, up to mamba's 256 (the compile checks of tests/test_compile.py cover the GPU side); forward and gradients against the float64 loop."
+    sel_check(sel_inputs(torch.Generator().manual_seed(n), 4, 3, b=1, d=4, n=n, l=20), grad_tol=4e-6)
+
+
+GROUPS = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from ssm_course.triton_ssm import selective_scan_triton
+from ssm_course.selective import selective_scan_ref
+n, l, stride = 2, 8, 2**30 + 64  # group 2 of B and C starts past element 2^31: g s_g wrapped in int32, s_g itself does not
+base = torch.empty(2 * stride + n * l)  # 8 GiB of address space, a few dozen floats of it touched
+g = torch.Generator().manual_seed(0)
+B = base.as_strided((1, 3, n, l), (0, stride, l, 1))
+for k in range(3): B[:, k].copy_(torch.randn(1, n, l, generator=g))
+u, delta, A = torch.randn(1, 6, l, generator=g), torch.randn(1, 6, l, generator=g), -torch.rand(6, n, generator=g)
+y = selective_scan_triton(u, delta, A, B, B, delta_softplus=True)
+ref = selective_scan_ref(u.double(), delta.double(), A.double(), B.double(), B.double(), delta_softplus=True)
+err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
+print(err)
+sys.exit(0 if err < 1e-6 else 1)
+"""
+
+
+def test_group_offsets_past_int32():
+    "Issue 29 item 6: the group offset of B and C is formed in 64 bits (was grp * s_g in int32, wrong from (g - 1) n l >= 2^31); own process, as a wrapped offset may crash."
+    res = subprocess.run([sys.executable, "-c", GROUPS], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, (res.returncode, res.stdout, res.stderr[-2000:])
+
+
+def test_selective_grids_have_one_axis(monkeypatch):
+    "Issue 29 item 6: the recomputation of the block states put the chunks on the grid's second axis (at most 65,535: l <= 8.4M at chunk 128); every launch now has one axis, of at most 2^31 - 1 programs (meta tensors, l = 2^26)."
+    import ssm_course.triton_ssm as T
+    fwd, bwd = _Grids(), _Grids()
+    monkeypatch.setattr(T, "_selective_fwd_kernel", fwd); monkeypatch.setattr(T, "_selective_bwd_kernel", bwd)
+    b, d, n, l = 2, 8, 4, 2**26
+    m = lambda *s: torch.empty(*s, device="meta")
+    xs = m(b, d, l // 256, n)
+    T._sel_fwd(m(b, d, l), m(b, d, l), m(d, n), m(b, n, l), m(b, n, l), None, None, None, None, True, 256)
+    T._sel_bwd(m(b, d, l), m(b, d, l), m(d, n), m(b, n, l), m(b, n, l), None, None, None, xs, m(b, d, l), None, True, 256)
+    grids = fwd.grids + bwd.grids
+    assert len(fwd.grids) == 2 and all(len(g) == 1 and g[0] < 2**31 for g in grids), grids
+    assert fwd.grids[1][0] == (l // 256) * b * (d // 4)  # one program per (chunk, batch, block of channels)
