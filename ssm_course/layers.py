@@ -19,7 +19,7 @@ from .inits import S4D_INITS, s4d_init, dss_init, log_uniform_dt
 from .conv import causal_conv, ssm_kernel_diag, ssm_kernel_dplr, krylov
 from .scan import scan
 from .selective import selective_scan
-from ._engine.layers import _f32, _c, _cparam, _working, _no_autocast  # precision: see "One interface for five layers"
+from ._engine.layers import _f32, _c, _cparam, _no_autocast  # precision: see "One interface for five layers"
 from ._engine.layers import _check_x, _check_state, _check_dt_range, _check_d_state, _check_lru_init, _check_dplr_step  # checks, one line each
 from ._engine.layers import _check_mamba_state, _check_model_args, _check_model_input, _check_recurrent, _check_step_args
 
@@ -71,13 +71,13 @@ class S4D(nn.Module):
         return torch.zeros(check_size(batch, "batch", min=0), *self.im.shape, dtype=_c(self.C).dtype, device=self.im.device)
 
     def forward(self,
-                x:Tensor, # (batch, length, H)
+                x:Tensor, # (batch, length, H), in the parameters' precision, float32 or float64 (bfloat16 and float16 count as float32); the output has x's dtype
                 state:Tensor|None=None, # the state to continue from (default: zero)
                 return_state:bool=False, # also return the final state
                ):
         "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
-        u = _working(_check_x(x, self.d_model, device=self.D.device), self.D).transpose(1, 2)  # (b, H, L)
-        if state is not None: _check_state(state, (x.shape[0], *self.im.shape), device=self.D.device)
+        u = _f32(_check_x(x, self.d_model, like=self.D)).transpose(1, 2)  # (b, H, L)
+        if state is not None: _check_state(state, (x.shape[0], *self.im.shape), like=self.D)
         with _no_autocast(x):
             L = u.shape[-1]
             (dA, dB), logA, C = self.discrete(), _log_dA(self), _c(self.C)
@@ -89,12 +89,12 @@ class S4D(nn.Module):
         return y, last
 
     def step(self,
-             x_t:Tensor, # (batch, H), one time step
+             x_t:Tensor, # (batch, H), one time step; dtypes as in `forward`
              state:Tensor, # (batch, H, N/2)
             ): # (y_t (batch, H), the new state)
         "One step of the recurrence."
-        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2, device=self.D.device), self.D)
-        _check_state(state, (x_t.shape[0], *self.im.shape), device=self.D.device)
+        u = _f32(_check_x(x_t, self.d_model, "x_t", ndim=2, like=self.D))
+        _check_state(state, (x_t.shape[0], *self.im.shape), like=self.D)
         with _no_autocast(x_t):
             dA, dB = self.discrete()
             state = dA * state + dB * u[..., None]
@@ -172,13 +172,13 @@ class S4(nn.Module):
         return torch.zeros(check_size(batch, "batch", min=0), *self.im.shape, dtype=_c(self.C).dtype, device=self.im.device)
 
     def forward(self,
-                x:Tensor, # (batch, length, H)
+                x:Tensor, # (batch, length, H), in the parameters' precision, float32 or float64 (bfloat16 and float16 count as float32); the output has x's dtype
                 state:Tensor|None=None, # the state to continue from (default: zero)
                 return_state:bool=False, # also return the final state
                ):
         "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
-        u = _working(_check_x(x, self.d_model, device=self.D.device), self.D).transpose(1, 2)  # (b, H, L)
-        if state is not None: _check_state(state, (x.shape[0], *self.im.shape), device=self.D.device)
+        u = _f32(_check_x(x, self.d_model, like=self.D)).transpose(1, 2)  # (b, H, L)
+        if state is not None: _check_state(state, (x.shape[0], *self.im.shape), like=self.D)
         with _no_autocast(x):
             L = u.shape[-1]
             y = causal_conv(u, self.kernel(L)) + _f32(self.D)[:, None] * u
@@ -194,12 +194,12 @@ class S4(nn.Module):
         return y, last
 
     def step(self,
-             x_t:Tensor, # (batch, H), one time step
+             x_t:Tensor, # (batch, H), one time step; dtypes as in `forward`
              state:Tensor, # (batch, H, N)
             ): # (y_t (batch, H), the new state)
         "One step of the recurrence in $O(Nr)$ per channel (`dplr_bilinear_step`), without forming $\\bar A$."
-        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2, device=self.D.device), self.D)
-        _check_state(state, (x_t.shape[0], *self.im.shape), device=self.D.device)
+        u = _f32(_check_x(x_t, self.d_model, "x_t", ndim=2, like=self.D))
+        _check_state(state, (x_t.shape[0], *self.im.shape), like=self.D)
         with _no_autocast(x_t):
             Lambda, P, B, C, dt = self.params()
             state = _dplr_step(Lambda, P, B, dt, state, u)  # (batch, H, N)
@@ -244,13 +244,13 @@ class DSS(nn.Module):
         return torch.zeros(check_size(batch, "batch", min=0), *self.im.shape, dtype=_c(self.W).dtype, device=self.im.device)
 
     def forward(self,
-                x:Tensor, # (batch, length, H)
+                x:Tensor, # (batch, length, H), in the parameters' precision, float32 or float64 (bfloat16 and float16 count as float32); the output has x's dtype
                 state:Tensor|None=None, # the state to continue from (default: zero)
                 return_state:bool=False, # also return the final state
                ):
         "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
-        u = _working(_check_x(x, self.d_model, device=self.D.device), self.D).transpose(1, 2)  # (b, H, L)
-        if state is not None: _check_state(state, (x.shape[0], *self.im.shape), device=self.D.device)
+        u = _f32(_check_x(x, self.d_model, like=self.D)).transpose(1, 2)  # (b, H, L)
+        if state is not None: _check_state(state, (x.shape[0], *self.im.shape), like=self.D)
         with _no_autocast(x):
             L = u.shape[-1]
             (dA, dB), logA, W = self.discrete(), _log_dA(self), _c(self.W)
@@ -262,12 +262,12 @@ class DSS(nn.Module):
         return y, last
 
     def step(self,
-             x_t:Tensor, # (batch, H), one time step
+             x_t:Tensor, # (batch, H), one time step; dtypes as in `forward`
              state:Tensor, # (batch, H, N/2)
             ): # (y_t (batch, H), the new state)
         "One step of the recurrence."
-        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2, device=self.D.device), self.D)
-        _check_state(state, (x_t.shape[0], *self.im.shape), device=self.D.device)
+        u = _f32(_check_x(x_t, self.d_model, "x_t", ndim=2, like=self.D))
+        _check_state(state, (x_t.shape[0], *self.im.shape), like=self.D)
         with _no_autocast(x_t):
             dA, dB = self.discrete()
             state = dA * state + dB * u[..., None]
@@ -309,13 +309,13 @@ class LRU(nn.Module):
         return torch.zeros(check_size(batch, "batch", min=0), self.nu_log.shape[0], dtype=_c(self.B).dtype, device=self.nu_log.device)
 
     def forward(self,
-                x:Tensor, # (batch, length, H)
+                x:Tensor, # (batch, length, H), in the parameters' precision, float32 or float64 (bfloat16 and float16 count as float32); the output has x's dtype
                 state:Tensor|None=None, # the state to continue from (default: zero)
                 return_state:bool=False, # also return the final state
                ):
         "The whole sequence, by the time-invariant scan."
-        u = _working(_check_x(x, self.d_model, device=self.D.device), self.D)
-        if state is not None: _check_state(state, (x.shape[0], self.nu_log.shape[0]), device=self.D.device)
+        u = _f32(_check_x(x, self.d_model, like=self.D))
+        if state is not None: _check_state(state, (x.shape[0], self.nu_log.shape[0]), like=self.D)
         with _no_autocast(x):
             B = _c(self.B)
             Bu = torch.einsum("nh,blh->bnl", B, u.to(B.dtype)) * torch.exp(_f32(self.gamma_log))[:, None]  # (b, N, L)
@@ -324,12 +324,12 @@ class LRU(nn.Module):
         return (y, last) if return_state else y
 
     def step(self,
-             x_t:Tensor, # (batch, H), one time step
+             x_t:Tensor, # (batch, H), one time step; dtypes as in `forward`
              state:Tensor, # (batch, N)
             ): # (y_t (batch, H), the new state)
         "One step of the recurrence."
-        u = _working(_check_x(x_t, self.d_model, "x_t", ndim=2, device=self.D.device), self.D)
-        _check_state(state, (x_t.shape[0], self.nu_log.shape[0]), device=self.D.device)
+        u = _f32(_check_x(x_t, self.d_model, "x_t", ndim=2, like=self.D))
+        _check_state(state, (x_t.shape[0], self.nu_log.shape[0]), like=self.D)
         with _no_autocast(x_t):
             B = _c(self.B)
             state = self.eigenvalues() * state + torch.exp(_f32(self.gamma_log)) * (u.to(B.dtype) @ B.T)
@@ -389,12 +389,12 @@ class Mamba(nn.Module):
         return delta, B, C
 
     def forward(self,
-                x:Tensor, # (batch, length, H)
+                x:Tensor, # (batch, length, H), in the parameters' precision, float32 or float64 (bfloat16 and float16 count as float32); the output has x's dtype
                 state:tuple|None=None, # the pair (convolution state, SSM state) to continue from (default: zero)
                 return_state:bool=False, # also return the final state
                ):
         "The whole sequence: projections, causal convolution, selective scan, gate, projection."
-        _check_x(x, self.d_model, device=self.D.device)
+        _check_x(x, self.d_model, like=self.D)
         b, L = x.shape[:2]
         conv_state, ssm_state = _check_mamba_state(self, state, b) if state is not None else (None, None)
         xi, z = self.in_proj(x.to(self.in_proj.weight.dtype)).chunk(2, -1)
@@ -409,11 +409,11 @@ class Mamba(nn.Module):
         return (out, (xp[..., xp.shape[-1] - (self.d_conv - 1):], last)) if return_state else out
 
     def step(self,
-             x_t:Tensor, # (batch, H), one time step
+             x_t:Tensor, # (batch, H), one time step; dtypes as in `forward`
              state:tuple, # the pair (convolution state, SSM state)
             ): # (y_t (batch, H), the new state)
         "One step: the convolution over the stored inputs, one step of the selective recurrence."
-        _check_x(x_t, self.d_model, "x_t", ndim=2, device=self.D.device)
+        _check_x(x_t, self.d_model, "x_t", ndim=2, like=self.D)
         conv_state, ssm_state = _check_mamba_state(self, state, x_t.shape[0])
         xi, z = self.in_proj(x_t.to(self.in_proj.weight.dtype)).chunk(2, -1)  # (b, d)
         window = torch.cat([conv_state.to(xi.dtype), xi[..., None]], -1)  # (b, d, d_conv)
@@ -486,11 +486,10 @@ class SequenceModel(nn.Module):
         return h + self.drop(F.glu(self.mlps[i](self.drop(F.gelu(y))), -1))
 
     def forward(self,
-                x:Tensor, # token ids (b, L), or real inputs (b, L, d_input)
-               )->Tensor: # (b, d_output) pooled, or (b, L, d_output) with pool=None
+                x:Tensor, # token ids (b, L), or real inputs (b, L, d_input) in the parameters' precision (bfloat16 and float16 count as float32)
+               )->Tensor: # (b, d_output) pooled, or (b, L, d_output) with pool=None, in the model's dtype
         "The whole sequence through every block."
-        _check_model_input(self, x, "x", 3)
-        h = self.encoder(x)
+        h = self.encoder(_check_model_input(self, x, "x", 3))  # token ids, or real inputs converted to the model's dtype
         for i, (norm, layer) in enumerate(zip(self.norms, self.layers)): h = self._block(i, h, layer(norm(h)))
         h = self.norm(h)
         if self.pool == "mean": h = h.mean(1)
@@ -509,7 +508,7 @@ class SequenceModel(nn.Module):
              states:list, # one state per layer, as `initial_state` gives
             ): # (logits (b, d_output), new states)
         "One step of a per-step model (pool=None)."
-        _check_step_args(self, x_t, states)  # a per-step model of recurrent layers, one state per layer
+        x_t = _check_step_args(self, x_t, states)  # a per-step model of recurrent layers, one state per layer; x_t as forward takes it
         h, new = self.encoder(x_t), []
         for i, (norm, layer, s) in enumerate(zip(self.norms, self.layers, states)):
             y, s = layer.step(norm(h), s)
@@ -560,10 +559,10 @@ class CausalAttention(nn.Module):
         if positions == "learned": self.pos = nn.Parameter(0.02 * torch.randn(max_len, H))
 
     def forward(self,
-                x:Tensor, # (batch, length, H)
+                x:Tensor, # (batch, length, H), in the parameters' precision, float32 or float64 (bfloat16 and float16 count as float32); the output has x's dtype
                )->Tensor: # (batch, length, H)
         "Every step attends to itself and to all earlier steps."
-        _check_x(x, self.d_model, device=self.qkv.weight.device)
+        _check_x(x, self.d_model, like=self.qkv.weight)
         b, L, H = x.shape
         if self.positions == "learned" and L > self.max_len:
             raise ValueError(f"x has length {L}, longer than the learned position table (max_len={self.max_len})")

@@ -570,3 +570,94 @@ def test_lru_scan_takes_the_toeplitz_path_only_without_the_compiled_loop(monkeyp
         y_lti = lru(x)
     assert calls and calls[0] == (6, 1)  # the decay, once per state
     assert _rel(y_loop, ref) < 5e-7 and _rel(y_lti, ref) < 5e-7  # observed 2.8e-7 and 3.0e-7
+
+
+# ---- issue 31 item 14: mixed dtypes -------------------------------------------------------------------------------------
+# The rule (engine/layers, 'Mixed precisions'): a layer computes in its parameters' precision; bfloat16 and float16 count as
+# float32 (a half-precision input to a float32 layer is computed in float32 and its output rounded once to the input's dtype);
+# float32 and float64 never mix: a TypeError naming both dtypes and both conversions, as nn.Linear refuses them.
+MIXED = sorted(CONFIGS) + ["attention"]
+
+
+def _layer(config, H=6):
+    if config != "attention": return build(config, H)
+    torch.manual_seed(0)
+    return LAYERS["attention"](H, n_heads=2)
+
+
+def _outputs(layer, x):
+    "forward, and a step from the zero state where the layer has one."
+    with torch.no_grad():
+        return (layer(x),) + ((layer.step(x[:, 0], layer.initial_state(x.shape[0]))[0],) if hasattr(layer, "step") else ())
+
+
+@pytest.mark.parametrize("config", MIXED)
+def test_float32_and_float64_do_not_mix(config):
+    "A float64 layer given float32 (or bfloat16) input returned float32, a float32 (or bfloat16) layer given float64 input returned "
+    "float64 computed from float32 parameters; now forward and step raise a TypeError naming both dtypes and both conversions."
+    f32 = _layer(config)
+    x = torch.randn(2, 7, 6)
+    for layer, inp, p, to_layer, to_x in [(copy.deepcopy(f32).double(), x, "float64", "float32", "float64"),
+                                          (f32, x.double(), "float32", "float64", "float32"),
+                                          (copy.deepcopy(f32).double(), x.bfloat16(), "float64", "float32", "float64"),
+                                          (copy.deepcopy(f32).bfloat16(), x.double(), "bfloat16", "float64", "float32")]:
+        msg = rf"is {inp.dtype} but the layer's parameters are torch.{p}: .*layer.to\(torch.{to_layer}\), or x(_t)?.to\(torch.{to_x}\)"
+        with pytest.raises(TypeError, match="x " + msg): layer(inp)
+        if hasattr(layer, "step"):
+            with pytest.raises(TypeError, match="x_t " + msg): layer.step(inp[:, 0], layer.initial_state(2))
+
+
+@pytest.mark.parametrize("config", MIXED)
+def test_half_input_to_a_float32_layer_is_computed_in_float32(config):
+    "bfloat16/float16 input to a float32 layer: the output has the input's dtype and is the float32 result rounded once (bit for bit), "
+    "within half an ulp of the half type (plus float32 rounding) of the float64 layer on the same input; a bfloat16 layer given float32 "
+    "input returns float32. Under bf16 autocast a float32 layer takes the bfloat16 output of an nn.Linear (what autocast hands it)."
+    f32 = _layer(config)
+    f64 = copy.deepcopy(f32).double()
+    x = torch.randn(2, 7, 6)
+    for half in (torch.bfloat16, torch.float16):
+        xh = x.to(half)
+        for y, y32, y64 in zip(_outputs(f32, xh), _outputs(f32, xh.float()), _outputs(f64, xh.double())):
+            assert y.dtype == half and torch.equal(y, y32.to(half)), (config, half)
+            tol = torch.finfo(half).eps / 2 * y64.abs() + 1e-5 * y64.abs().max()  # observed float32 error below 1e-6 of the largest output
+            assert ((y.double() - y64).abs() <= tol).all(), (config, half)
+    assert all(y.dtype == torch.float32 for y in _outputs(copy.deepcopy(f32).bfloat16(), x))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        h = torch.nn.Linear(6, 6)(x)
+        assert h.dtype == torch.bfloat16 and f32(h).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_a_state_must_have_the_layers_precision(config):
+    "A float32 layer's state (complex64) carried into a float64 layer, or a complex128 state into a float32 layer, was promoted "
+    "silently (the new state in the other precision); now a TypeError naming the state, for forward and step."
+    f32 = build(config)
+    f64, x = copy.deepcopy(f32).double(), torch.randn(2, 6, 5)
+    s32, s64 = f32.initial_state(2), f64.initial_state(2)
+    name = r"state\[0\] \(the convolution state\)" if isinstance(s32, tuple) else "state"
+    for layer, inp, state in [(f64, x.double(), s32), (f32, x, s64)]:
+        msg = rf"{name} is torch.\w+ but the layer's parameters are {layer.D.dtype}"
+        with pytest.raises(TypeError, match=msg): layer(inp, state=state)
+        with pytest.raises(TypeError, match=msg): layer.step(inp[:, 0], state)
+    if isinstance(s32, tuple):  # Mamba: each half of the pair
+        with pytest.raises(TypeError, match=r"state\[1\] \(the SSM state\) is torch.\w+ but .*state\[1\].to\(torch.(float32|complex64)\)"): f32(x, state=(s32[0], s64[1]))
+
+
+@pytest.mark.parametrize("layer", ["s4d", "mamba"])
+def test_sequence_model_follows_the_layers_precision_rule(layer):
+    "SequenceModel with real inputs: float32/float64 mismatches raised nn.Linear's RuntimeError ('mat1 and mat2 must have the same "
+    "dtype'), a TypeError now; a half-precision input raised it too, now it is converted to the model's dtype (logits float32, equal "
+    "to the model on the input converted to float32), in forward and step. Token models are unchanged (a float64 model: float64 logits)."
+    torch.manual_seed(0)
+    m = SequenceModel(3, d_model=6, n_layers=2, layer=layer, d_input=2, pool=None, d_state=4)
+    m64, x = copy.deepcopy(m).double(), torch.randn(2, 5, 2)
+    for model, inp, p in [(m64, x, "float64"), (m, x.double(), "float32"), (m64, x.bfloat16(), "float64")]:
+        with pytest.raises(TypeError, match=rf"x is {inp.dtype} but the model's parameters are torch.{p}"): model(inp)
+        with pytest.raises(TypeError, match=rf"x_t is {inp.dtype} but the model's parameters are torch.{p}"): model.step(inp[:, 0], model.initial_state(2))
+    with torch.no_grad():
+        for half in (torch.bfloat16, torch.float16):
+            xh = x.to(half)
+            y, y_t = m(xh), m.step(xh[:, 0], m.initial_state(2))[0]
+            assert y.dtype == y_t.dtype == torch.float32 and torch.equal(y, m(xh.float())) and torch.equal(y_t, m.step(xh[:, 0].float(), m.initial_state(2))[0])
+        tokens = SequenceModel(3, d_model=6, n_layers=1, layer=layer, vocab_size=5, d_state=4).double()
+        assert tokens(torch.randint(0, 5, (2, 5))).dtype == torch.float64

@@ -23,9 +23,9 @@ def _c(p): return torch.view_as_complex(_f32(p))  # complex view of a (..., 2) r
 
 def _cparam(z): return nn.Parameter(torch.view_as_real(z.to(torch.complex64)).clone())
 
-def _working(x, p):
-    "`x` in the dtype the layer computes in: float32, or float64 when the input or the parameter `p` is float64."
-    return x.to(torch.promote_types(_f32(x).dtype, _f32(p).dtype))
+def _precision(t):
+    "The precision `t` is computed in: float64 for float64 and complex128, float32 otherwise (half precision is lifted to float32)."
+    return torch.float64 if t.dtype in (torch.float64, torch.complex128) else torch.float32
 
 def _no_autocast(x):
     "Autocast off on `x`'s device: the SSM's own arithmetic stays in float32 or float64 under mixed precision."
@@ -33,33 +33,41 @@ def _no_autocast(x):
     return torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else contextlib.nullcontext()
 
 # %% ../../nbs/engine/layers.ipynb #b7a1fd17
-def _check_device(t, name, device):
-    "Check that tensor `t` is on `device`, the device of the layer's parameters (None: not checked)."
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} is on device {t.device} but the layer's parameters are on {device}: move it with .to({str(device)!r}), or the layer with .to({str(t.device)!r})")
+def _check_device(t, name, device, what="layer"):
+    "Check that tensor `t` is on `device`, the device of the layer's (or model's) parameters."
+    if t.device != device:
+        raise ValueError(f"{name} is on device {t.device} but the {what}'s parameters are on {device}: move it with .to({str(device)!r}), or the {what} with .to({str(t.device)!r})")
     return t
 
-def _check_x(x, H, name="x", ndim=3, device=None):
-    "Check a layer input: a real floating-point tensor (batch, length, H), or (batch, H) for a step, on the parameters' `device`."
+def _check_precision(t, name, like, what="layer"):
+    "Check that `t` has the precision of the parameter `like`, half precision counting as float32: float32 and float64 never mix, as in `nn.Linear`."
+    if _precision(t) != _precision(like):
+        to = ({torch.float32: torch.complex64, torch.float64: torch.complex128} if t.is_complex() else {p: p for p in (torch.float32, torch.float64)})[_precision(like)]
+        raise TypeError(f"{name} is {t.dtype} but the {what}'s parameters are {like.dtype}: float32 and float64 do not mix (bfloat16 and float16 count as float32). "
+                        f"Convert one of them: {what}.to({_precision(t)}), or {name.split()[0]}.to({to})")
+    return t
+
+def _check_x(x, H, name="x", ndim=3, *, like):
+    "Check a layer input: a real floating-point tensor (batch, length, H), or (batch, H) for a step, on the device and in the precision of the parameter `like`."
     check_tensor(x, name, ndim=ndim)
     if not x.is_floating_point(): raise TypeError(f"{name} must be a real floating-point tensor, got {x.dtype}")
     if x.shape[-1] != H: raise ValueError(f"{name} must have shape ({'batch, length' if ndim == 3 else 'batch'}, d_model={H}), got {tuple(x.shape)}")
     if ndim == 3 and x.shape[1] == 0: raise ValueError(f"{name} is an empty sequence: shape {tuple(x.shape)}")
-    return _check_device(x, name, device)
+    return _check_precision(_check_device(x, name, like.device), name, like)
 
-def _check_state(state, shape, name="state", device=None):
-    "Check a carried state against the shape that `initial_state(batch)` gives, on the parameters' `device`."
+def _check_state(state, shape, name="state", *, like):
+    "Check a carried state against the shape that `initial_state(batch)` gives, on the device and in the precision of the parameter `like`."
     check_tensor(state, name)
     if tuple(state.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} (as initial_state(batch) gives for this input), got {tuple(state.shape)}")
-    return _check_device(state, name, device)
+    return _check_precision(_check_device(state, name, like.device), name, like)
 
 def _check_mamba_state(layer, state, batch):
     "Mamba's state: the pair (convolution state, SSM state), each of the shape `initial_state(batch)` gives."
     if not (isinstance(state, (tuple, list)) and len(state) == 2):
         raise TypeError(f"state must be the pair (conv_state, ssm_state) that initial_state(batch) gives, got {type(state).__name__}")
-    return (_check_state(state[0], (batch, layer.d_inner, layer.d_conv - 1), "state[0] (the convolution state)", layer.D.device),
-            _check_state(state[1], (batch, layer.d_inner, layer.d_state), "state[1] (the SSM state)", layer.D.device))
+    return (_check_state(state[0], (batch, layer.d_inner, layer.d_conv - 1), "state[0] (the convolution state)", like=layer.D),
+            _check_state(state[1], (batch, layer.d_inner, layer.d_state), "state[1] (the SSM state)", like=layer.D))
 
 def _check_model_args(layer, layers, vocab_size, d_input, pool):
     "SequenceModel's choices: exactly one of `vocab_size` and `d_input`, `layer` a name in `layers` or a class, `pool` 'mean', 'last' or None; the layer's class."
@@ -70,8 +78,8 @@ def _check_model_args(layer, layers, vocab_size, d_input, pool):
     return cls
 
 def _check_model_input(model, x, name, ndim):
-    "A SequenceModel's input: token ids in [0, vocab_size), or real inputs with d_input features, on the model's device."
-    _check_device(check_tensor(x, name), name, model.head.weight.device)
+    "A SequenceModel's input: token ids in [0, vocab_size), or real inputs with d_input features in the model's precision, on the model's device; returned as the encoder takes it (real inputs in the model's dtype)."
+    _check_device(check_tensor(x, name), name, model.head.weight.device, "model")
     if model.vocab_size is not None:
         check_tensor(x, name, ndim=ndim - 1)
         if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
@@ -82,6 +90,8 @@ def _check_model_input(model, x, name, ndim):
         check_tensor(x, name, ndim=ndim)
         if not x.is_floating_point(): raise TypeError(f"{name} must be a real floating-point tensor (this model has d_input={model.d_input}), got {x.dtype}")
         if x.shape[-1] != model.d_input: raise ValueError(f"{name} must have {model.d_input} features in its last dimension, got shape {tuple(x.shape)}")
+        x = _check_precision(x, name, model.encoder.weight, "model").to(model.encoder.weight.dtype)  # half precision: converted
+    return x
 
 def _check_recurrent(model):
     "A SequenceModel whose layers all have the recurrent form (`step` and `initial_state`); a TypeError naming the first that has not."
@@ -90,12 +100,13 @@ def _check_recurrent(model):
             raise TypeError(f"{type(layer).__name__} has no step() or initial_state(): only recurrent layers can run step by step")
 
 def _check_step_args(model, x_t, states):
-    "SequenceModel.step's arguments: a per-step model (pool=None) of layers that have a step, its input, one state per layer."
+    "SequenceModel.step's arguments: a per-step model (pool=None) of layers that have a step, its input, one state per layer; the input as `_check_model_input` returns it."
     if model.pool is not None: raise ValueError(f"step needs a per-step model (pool=None), this one has pool={model.pool!r}")
     _check_recurrent(model)
-    _check_model_input(model, x_t, "x_t", 2)
+    x_t = _check_model_input(model, x_t, "x_t", 2)
     if not isinstance(states, (list, tuple)): raise TypeError(f"states must be a list with one state per layer (as initial_state(batch) gives), got {type(states).__name__}")
     if len(states) != len(model.layers): raise ValueError(f"states must hold one state per layer: got {len(states)}, expected {len(model.layers)} (n_layers)")
+    return x_t
 
 # %% ../../nbs/engine/layers.ipynb #479f5f18
 def _check_dplr_step(Lambda, P, B, dt, x, u):
