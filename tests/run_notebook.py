@@ -3,10 +3,12 @@
     .venv/bin/python tests/run_notebook.py nbs/07_scan.ipynb [more.ipynb ...] [--slow] [--timeout 600]
 
 Every other code cell runs in order (as `nbdev-test` runs them) and its outputs replace the committed ones; `--slow`
-runs the slow cells too. Figures are kept: the kernel uses matplotlib's inline backend (MPLBACKEND is cleared), so a
+runs the slow cells too (SSM_COURSE_RUN_SLOW=1 in the kernel, so the setup cell lets them run) and records each one's
+seconds in nbs/results/slow_cells.json (keyed by notebook and a hash of the cell's source), which the Run All line of
+tests/run_all_times.py reads. Figures are kept: the kernel uses matplotlib's inline backend (MPLBACKEND is cleared), so a
 figure cell gets its image. Without a GPU, Triton runs under its interpreter (TRITON_INTERPRET=1), as in `make test`.
 Run `nbdev-clean` afterwards (this script does it for the notebooks it ran)."""
-import argparse, os, re, subprocess, sys, time
+import argparse, hashlib, json, os, re, subprocess, sys, time
 from pathlib import Path
 
 import nbformat
@@ -14,19 +16,31 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAG = re.compile(r"^\s*#\|\s*(slow|gpu)\s*$", re.M)
+SLOW_TIMES = ROOT / "nbs" / "results" / "slow_cells.json"
+
+
+def cell_key(source: str) -> str: return hashlib.sha256(source.strip().encode()).hexdigest()[:16]
 
 
 def run(path: Path, slow: bool, timeout: int) -> float:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
-    start = time.perf_counter()
-    with client.setup_kernel():
+    start, slow_times = time.perf_counter(), {}
+    env = {**os.environ, "SSM_COURSE_RUN_SLOW": "1"} if slow else {k: v for k, v in os.environ.items() if k != "SSM_COURSE_RUN_SLOW"}
+    with client.setup_kernel(env=env):
         for i, cell in enumerate(nb.cells):
             if cell.cell_type != "code" or (not slow and FLAG.search(cell.source)): continue
+            t0 = time.perf_counter()
             client.execute_cell(cell, i)
+            if FLAG.search(cell.source): slow_times[cell_key(cell.source)] = round(time.perf_counter() - t0, 1)
             for out in cell.get("outputs", []):
                 if out.get("output_type") == "error": raise RuntimeError(f"{path.name} cell {i} raised {out.get('ename')}: {out.get('evalue')}")
     nbformat.write(nb, path)
+    if slow_times:
+        rel = path.relative_to(ROOT / "nbs").as_posix()
+        allt = json.loads(SLOW_TIMES.read_text()) if SLOW_TIMES.exists() else {}
+        allt.setdefault(rel, {}).update(slow_times)
+        SLOW_TIMES.write_text(json.dumps(allt, indent=1, sort_keys=True) + "\n")
     return time.perf_counter() - start
 
 

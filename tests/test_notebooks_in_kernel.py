@@ -1,6 +1,7 @@
 """A sample of notebooks run as a student runs them: in a real Jupyter kernel (ipykernel, through nbclient), with PyTorch's
-default threads (no OMP_NUM_THREADS), matplotlib's inline backend and no TRITON_INTERPRET, skipping the `#| slow` and
-`#| gpu` cells as nbdev-test does. A cell that raises, or that writes anything to stderr (a warning included), fails.
+default threads (no OMP_NUM_THREADS), matplotlib's inline backend and no TRITON_INTERPRET, every cell in order as Run All
+runs them: the notebook's setup cell (engine/jupyter) makes the `#| slow` and `#| gpu` cells show their committed outputs
+(checked: each says so). A cell that raises, or that writes anything to stderr (a warning included), fails.
 
 Measured on the 2-core machine: 41 s for the file (13b 17 s, 07 8 s, 01 6 s, 13a 4 s, the check of the check 6 s; the
 kernels' CPU time 01 18 s, 07 6 s, 13a 3 s, 13b 20 s). Under a load of 4 to 5 other processes PyTorch's default threads
@@ -16,7 +17,8 @@ NOTEBOOKS = ["01_ssm.ipynb", "07_scan.ipynb", "13a_tasks.ipynb", "13b_training.i
 REQUIRE = "SSM_COURSE_REQUIRE_KERNEL_NOTEBOOKS"
 FLAG = re.compile(r"^\s*#\|\s*(slow|gpu)\s*$", re.M)  # the cells nbdev-test skips (tst_flags = "slow gpu")
 # What a student's environment does not set: thread caps, the test suite's Agg backend and Triton's interpreter.
-UNSET = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MPLBACKEND", "TRITON_INTERPRET", "PYTEST_CURRENT_TEST")
+UNSET = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MPLBACKEND", "TRITON_INTERPRET", "PYTEST_CURRENT_TEST",
+         "SSM_COURSE_RUN_SLOW")
 PROBE = "import os, time, torch\nprint(torch.get_num_threads(), os.cpu_count(), os.environ.get('OMP_NUM_THREADS'), round(time.process_time(), 1))"
 
 
@@ -26,19 +28,26 @@ def student_env() -> dict:
 
 def run_in_kernel(nb_or_name, timeout: int = 600) -> dict:
     """Execute a notebook of nbs/ (by name, not saved) or a notebook object, cell by cell in a fresh python3 kernel with
-    `student_env()`, skipping slow and gpu cells; returns {"nb" (executed), "seconds", "cells", "errors": [(cell, ename,
-    evalue)], "stderr": [(cell, text)], "threads": (torch threads, cpus, OMP_NUM_THREADS, the kernel's CPU seconds)}."""
+    `student_env()`: every cell when the notebook opens with the setup cell (its slow cells then show their committed
+    outputs), else skipping slow and gpu cells as nbdev-test does; returns {"nb" (executed), "seconds", "cells", "errors":
+    [(cell, ename, evalue)], "stderr": [(cell, text)], "slow": [(cell, first line of its output)], "threads": (torch threads,
+    cpus, OMP_NUM_THREADS, the kernel's CPU seconds)}."""
     import nbformat
     from nbclient import NotebookClient
     if isinstance(nb_or_name, str): path = ROOT / "nbs" / nb_or_name; nb = nbformat.read(path, as_version=4)
     else: path, nb = ROOT / "nbs" / "scratch.ipynb", nb_or_name
     nb.cells.append(nbformat.v4.new_code_cell(PROBE))
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(path.parent)}})
-    res, ran, start = {"nb": nb, "errors": [], "stderr": []}, 0, time.perf_counter()
+    res, ran, start = {"nb": nb, "errors": [], "stderr": [], "slow": []}, 0, time.perf_counter()
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    run_all = bool(code) and code[0].source.startswith("#| hide\n# Colab:")  # the setup cell: Run All as a student runs it
     with client.setup_kernel(env=student_env()):
         for i, cell in enumerate(nb.cells):
-            if cell.cell_type != "code" or FLAG.search(cell.source): continue
+            if cell.cell_type != "code" or (FLAG.search(cell.source) and not run_all): continue
             client.execute_cell(cell, i); ran += 1
+            if FLAG.search(cell.source):
+                first = next((o for o in cell.get("outputs", []) if o.get("output_type") == "stream"), {})
+                res["slow"].append((i, first.get("text", "").split("\n")[0]))
             for out in cell.get("outputs", []):
                 if out.get("output_type") == "error": res["errors"].append((i, out.get("ename"), out.get("evalue")))
                 elif out.get("output_type") == "stream" and out.get("name") == "stderr": res["stderr"].append((i, out.get("text")))
@@ -77,6 +86,7 @@ def test_notebook_runs_in_a_kernel_without_errors_or_stderr(name):
     assert not r["stderr"], f"{name} wrote to stderr: " + "; ".join(f"cell {i}: {t.strip()[:500]}" for i, t in r["stderr"])
     threads, cpus, omp, cpu_seconds = r["threads"]
     assert omp == "None", f"the kernel ran with OMP_NUM_THREADS={omp}: not a student's default"
+    assert all(t.startswith("Slow cell not rerun: its committed output follows") for _, t in r["slow"]), r["slow"]
     if name == "13b_training.ipynb":  # the trainer's progress in Jupyter: tqdm as HTML, a line per round, the figure
         cell = next(c for c in r["nb"].cells if "trainer.fit(eval_every=100, plot=True)" in c.source)
         html = [o["data"]["text/html"] for o in cell.outputs if "text/html" in o.get("data", {})]
