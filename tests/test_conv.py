@@ -239,9 +239,10 @@ def test_causal_conv_nonfinite_kernel(fft, monkeypatch):
 
 
 def count_passes(monkeypatch):
-    "Wrap both paths' per-pass functions (FFT passes, and the direct sums that end the loop); the returned list collects the length of every pass."
+    "Wrap both paths' per-pass functions (FFT passes, and the direct sums that end the loop, `_head_sums` on the torch path); the returned list collects the length of every pass."
     calls = []
-    np_pass, np_direct, scaled_conv = engine._np_pass, engine._np_direct, engine._scaled_conv
+    np_pass, np_direct, scaled_conv, head_sums = engine._np_pass, engine._np_direct, engine._scaled_conv, engine._head_sums
+    monkeypatch.setattr(engine, "_head_sums", lambda u, K, P: (calls.append(P), head_sums(u, K, P))[1])
     monkeypatch.setattr(engine, "_np_pass", lambda A, *a: (calls.append(A.shape[-1]), np_pass(A, *a))[1])
     monkeypatch.setattr(engine, "_np_direct", lambda A, *a: (calls.append(A.shape[-1]), np_direct(A, *a))[1])
     monkeypatch.setattr(engine, "_scaled_conv", lambda u, *a: (calls.append(u.shape[-1]), scaled_conv(u, *a))[1])
@@ -868,3 +869,57 @@ def test_dplr_recomputed_c_tilde_keeps_every_derivative():
     want = torch.stack([torch.autograd.grad(loss(x := d.clone().requires_grad_()), x)[0] for d in dts])
     torch.testing.assert_close(vmap(grad(loss))(dts), want, rtol=1e-13, atol=0)
     torch.testing.assert_close(grad(loss)(dts[0]), want[0], rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [5, engine._DIRECT, engine._DIRECT + 1, 100])
+def test_causal_conv_head_sums_on_both_sides_of_direct(p, dtype, monkeypatch):
+    "Step 2's outputs before the first big step p: up to _DIRECT steps by `_head_sums` on the unmasked rows (one call, K not copied per row),"
+    " beyond it by another FFT level; both equal float64's direct sums to each output's own scale. A 1e6 tap at 2p + 3 (below step 3's"
+    " scaling, so `_head_sums` reads the unmasked rows) leaves the outputs before it as their prefixes give them."
+    g = torch.Generator().manual_seed(11)
+    L = 512
+    u = torch.randn(3, 2, L, generator=g, dtype=torch.float64) * 1e-3
+    u[..., p] = 1.0  # the first big step of every row: M_t jumps 1000-fold there
+    u[0, 0, p // 2] = 0.5  # one row's first big step earlier (rows differ: the head mask is per row)
+    K = torch.exp(-torch.arange(L, dtype=torch.float64) / 50) * torch.randn(2, L, generator=g, dtype=torch.float64)
+    tap = K.clone(); tap[0, 2 * p + 3] = 1e6
+    un, calls, head_sums = u.double().numpy(), [], engine._head_sums
+    monkeypatch.setattr(engine, "_head_sums", lambda u_, K_, P: (calls.append((u_.shape, K_.shape, P)), head_sums(u_, K_, P))[1])
+    for Kx, n_ok in ((K, L), (tap, 2 * p + 3)):
+        ux, Kx = u.to(dtype), Kx.to(dtype)
+        calls.clear()
+        y = engine._causal_torch(ux, Kx)
+        Kn = Kx.double().numpy()
+        ref = np.stack([[np.convolve(un[b, h], Kn[h])[:L] for h in range(2)] for b in range(3)])
+        scale = np.stack([[np.convolve(np.abs(un[b, h]), np.abs(Kn[h]))[:L] for h in range(2)] for b in range(3)])
+        err = (np.abs(y.double().numpy() - ref) / np.where(scale > 0, scale, 1))[..., :n_ok]
+        first = engine._first_big(ux, Kx, engine._absmax(ux), engine._absmax(Kx))
+        assert err.max() < (1e-13 if dtype == torch.float64 else 3e-5), err.max()  # float32: observed 1.1e-5
+        if Kx is K:
+            assert int(first.max()) == p and int(first.min()) == p // 2
+            if p <= engine._DIRECT:
+                assert calls == [((3, 2, L), (2, L), p)]  # the whole rows, the shared (2, L) kernel: no copies per row
+                head = np.arange(L) < first.numpy()[..., None]
+                assert err[head].max() < (1e-15 if dtype == torch.float64 else 3e-7)  # the direct sums: observed 0 / 1.2e-7
+            else: assert len(calls) <= 1 and all(P < p for _, _, P in calls)  # an FFT level over the prefixes first
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_causal_conv_head_sums_not_on_scaled_rows(dtype, monkeypatch):
+    "A row that step 3 scales (largest value >= 2^32 in float32, 2^256 in float64) sends step 2 through the masked levels, not `_head_sums`: its huge late"
+    " input would otherwise set the scale of the early outputs; they still equal the direct sums of their prefixes."
+    big = 2.0**40 if dtype == torch.float32 else 2.0**300
+    g = torch.Generator().manual_seed(12)
+    u = torch.randn(2, 300, generator=g, dtype=torch.float64) * 1e-3
+    u[:, 7] = 1.0; u[1, 40] = big
+    K = torch.randn(300, generator=g, dtype=torch.float64) / 8
+    u, K = u.to(dtype), K.to(dtype)
+    calls = []
+    head_sums = engine._head_sums
+    monkeypatch.setattr(engine, "_head_sums", lambda *a: (calls.append(1), head_sums(*a))[1])
+    y = engine._causal_torch(u, K)
+    assert not calls
+    ref = np.stack([np.convolve(r, K.double().numpy())[:300] for r in u.double().numpy()])
+    scale = np.stack([np.convolve(np.abs(r), np.abs(K.double().numpy()))[:300] for r in u.double().numpy()])
+    assert (np.abs(y.double().numpy() - ref) / np.where(scale > 0, scale, 1)).max() < (1e-13 if dtype == torch.float64 else 3e-5)  # observed 1.1e-5

@@ -52,10 +52,14 @@ def _direct_conv(u, K):
     T = torch.where((lag >= 0) & (lag < LK), K[..., lag.clamp(0, LK - 1)], 0)  # (..., P, P)
     return (T @ u[..., None])[..., 0]
 
+def _any_huge(hu, hK):
+    "Whether step 3 scales any row: a row's largest value `hu` or `hK` reaches `_huge`."
+    return bool(torch.maximum(hu.max(), hK.max()) >= _huge(hu.dtype)) if hu.numel() and hK.numel() else False
+
 def _scaled_conv(u, K, hu, hK, conv=_fft_conv):
     "`conv(u, K)` (`fft_conv` or `_direct_conv`); rows of `u` or `K` whose largest value `hu`, `hK` is huge are divided by a power of 2 first and multiplied back."
+    if not _any_huge(hu, hK): return conv(u, K)
     eu, eK = _exponents(hu), _exponents(hK)
-    if not bool((eu > 0).any() | (eK > 0).any()): return conv(u, K)
     y = conv(u * torch.exp2(-eu)[..., None], K * torch.exp2(-eK)[..., None])  # exact: powers of 2
     return y * torch.exp2(eu)[..., None] * torch.exp2(eK)[..., None]  # one at a time: each is a finite float
 
@@ -76,12 +80,22 @@ def _absmax(x):
     if x.is_complex(): return torch.linalg.vector_norm(x, math.inf, -1)
     return torch.maximum(x.amax(-1), -x.amin(-1))  # two fast passes (vector_norm and aminmax are slower on CPU)
 
+def _head_sums(u, K, P):
+    "(..., P): the direct sums $y_t = \\sum_{s \\le t} K_s u_{t-s}$ for $t < P$ of the rows as they are, $K$ shared across the rows it broadcasts over (not copied per row)."
+    Kp = K[..., :P]
+    if Kp.shape[-1] < P: Kp = torch.cat([Kp, Kp.new_zeros(*Kp.shape[:-1], P - Kp.shape[-1])], -1)  # a kernel shorter than P
+    win = torch.cat([u.new_zeros(*u.shape[:-1], P - 1), u[..., :P]], -1).unfold(-1, P, 1)  # (..., P, P): win[t, j] = u_{t+j-P+1}, 0 before step 0
+    return (win * Kp.flip(-1)[..., None, :]).sum(-1)  # the term j reads u_{t-s} K_s with s = P-1-j
+
 def _guarded(u, K, hu, hK):
     "Step 2 around `_scaled_conv`: each level recomputes the outputs before every row's first big input or tap from the inputs and taps before it."
     y = _scaled_conv(u, K, hu, hK)
     first = _first_big(u.detach(), K.detach(), hu, hK)
+    plain = not _any_huge(hu, hK)  # no row scaled by step 3, so no prefix of one either
     while (P := int(first.max())) > 0:  # each level's (largest |u|) x (largest |K|) is under 1/_GUARD of the level before's
         head = torch.arange(P, device=u.device) < first[..., None]  # (..., P): the outputs this level recomputes
+        if plain and P <= _DIRECT:  # output t < first reads u_0..u_t, K_0..K_t only: the values from `first` on need no masking
+            return torch.cat([torch.where(head, _head_sums(u, K, P), y[..., :P]), y[..., P:]], -1)
         u, K = torch.where(head, u[..., :P], 0), torch.where(head[..., :min(P, K.shape[-1])], K[..., :P], 0)
         hu, hK = _absmax(u), _absmax(K)
         direct = P <= _DIRECT  # a short prefix: the direct sums, causal term by term, end the loop
