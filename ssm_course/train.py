@@ -8,7 +8,7 @@ Docs: https://ssm-course.github.io/ssm_course/training.html.md"""
 __all__ = ['Trainer', 'TASKS', 'save_checkpoint', 'load_checkpoint', 'paired_ci', 'run_cached', 'main']
 
 # %% ../nbs/13b_training.ipynb #fcf7601c
-import contextlib, copy, math
+import contextlib, copy, math, warnings
 from pathlib import Path
 from collections.abc import Callable
 import torch
@@ -26,7 +26,7 @@ class Trainer:
     def __init__(self,
                  model:nn.Module, # the model to train (moved to `device`)
                  data:tuple|Callable, # a function f(n, generator) -> (x, y), or a pair of tensors (x, y)
-                 steps:int, # planned number of optimizer steps (sets the schedule)
+                 steps:int, # planned number of optimizer steps: the cosine schedule ends there (`extend` re-plans it)
                  batch_size:int=32, # global batch (split across processes)
                  lr:float=3e-3, # peak learning rate (a number, or a 0-d real tensor: its value is used)
                  weight_decay:float=0.01, # AdamW weight decay of ordinary matrices
@@ -54,13 +54,31 @@ class Trainer:
         self.model = nn.parallel.DistributedDataParallel(model, device_ids=ddp_ids) if self.world > 1 else model
         self.data, self.loss_kind, self.grad_clip = _check_data(data, "data"), loss, grad_clip
         self.opt = torch.optim.AdamW(ssm_param_groups(model, lr, weight_decay, ssm_lr))
-        sched = lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, steps - warmup))))
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, sched)
+        self.warmup, self.config = warmup, dict(lr=lr, ssm_lr=ssm_lr, weight_decay=weight_decay, batch_size=batch_size, warmup=warmup, grad_clip=grad_clip, loss=loss)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: self.lr_factor(s))
         self.gen = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
         if eval_data is not None and callable(eval_data): eval_data = eval_data(eval_size, torch.Generator().manual_seed(10_000 + seed))
         self.eval_data, self.step = None if eval_data is None else _check_data(eval_data, "eval_data"), 0
         self.history = {"step": [], "loss": [], "eval_step": [], "eval_loss": [], "eval_acc": []}
+
+    def lr_factor(self,
+                  s:int, # the step (0 for the first)
+                 )->float: # the multiple of each group's peak learning rate at step s
+        "Linear warm-up over `warmup` steps, then a cosine from 1 down to 0 at the planned total `steps`."
+        if s < self.warmup: return (s + 1) / self.warmup
+        return 0.5 * (1 + math.cos(math.pi * (s - self.warmup) / max(1, self.steps - self.warmup)))
+
+    def extend(self,
+               steps:int, # the new planned total, at least the current one
+              ):
+        "Re-plan the schedule to end at `steps`: the cosine is stretched, so from the next step on the learning rate is the longer plan's (higher than the old plan's)."
+        steps = check_size(steps, "steps")
+        if steps < self.steps: raise ValueError(f"extend(steps={steps}): the new total must be at least the planned {self.steps} steps")
+        self.steps = steps
+        for g, base in zip(self.opt.param_groups, self.sched.base_lrs): g["lr"] = base * self.lr_factor(self.step)
+        self.sched._last_lr = [g["lr"] for g in self.opt.param_groups]
+        return self
 
     def batch(self):
         "This process's slice of the next global batch, on the training device."
@@ -86,6 +104,7 @@ class Trainer:
 
     def train_step(self):
         "One optimizer step on the next batch; returns the loss of the global batch."
+        if self.step >= self.steps: raise ValueError(f"the schedule was planned for {self.steps} steps and all are done (its learning rate is 0 from there); call extend(total) to plan more")
         self.model.train()
         x, y = self.batch()
         with self.autocast(): out = self.model(x)
@@ -127,11 +146,19 @@ class Trainer:
             eval_every:int=100, # evaluate every this many steps (and at the end)
             progress:bool=True, # show a progress bar and a line per round (rank 0)
             plot:bool=False, # redraw the loss and accuracy curves after each round (in Jupyter)
+            save_every:int|None=None, # also write a checkpoint to `save_to` every this many steps and at the end
+            save_to:str|Path|None=None, # the checkpoint file of `save_every`
            )->dict: # the history: steps, losses, evaluations
-        "Train for `steps` more steps in rounds of `eval_every`, evaluating after each round."
+        "Train for `steps` more steps in rounds of `eval_every`, evaluating after each round (and saving every `save_every` steps)."
         eval_every = check_size(eval_every, "eval_every")
+        if (save_every is None) != (save_to is None): raise ValueError(f"save_every and save_to go together, got save_every={save_every!r} and save_to={save_to!r}")
+        if save_every is not None: save_every = check_size(save_every, "save_every")
         end = self.step + check_size(steps, "steps", min=0) if steps is not None else self.steps
-        stops = sorted({s for s in range(self.step + 1, end + 1) if s % eval_every == 0} | {end}) if end > self.step else []
+        if end > self.steps:
+            raise ValueError(f"fit(steps={steps}) would train to step {end}, past the {self.steps} steps the schedule was planned for (its learning rate is 0 "
+                             f"from there): fit at most {self.steps - self.step} more steps, or call extend({end}) first to stretch the cosine to {end} steps")
+        every = lambda n: {s for s in range(self.step + 1, end + 1) if s % n == 0} if n else set()
+        stops = sorted(every(eval_every) | every(save_every) | {end}) if end > self.step else []
         rounds = list(zip([self.step] + stops[:-1], stops))  # (first step, last step) of each round
         bar = progress_bar(total=end - self.step, desc="training") if progress and self.rank == 0 and rounds else None
         figure = _LivePlot(self.steps) if plot and bar is not None else None
@@ -139,6 +166,8 @@ class Trainer:
             for _ in range(b - a):
                 loss = self.train_step()
                 if bar is not None: bar.set_postfix_str(f"loss {loss:.4f}", refresh=False); bar.update()
+            if save_every and (b % save_every == 0 or b == end): self.save(save_to)
+            if b % eval_every and b != end: continue  # a checkpoint's stop, not an evaluation round
             evaluation = self.evaluate() if self.eval_data is not None else None
             if bar is not None: bar.write(_round_line(b, end, loss, evaluation, bar.format_dict["elapsed"]))
             if figure is not None: figure.update(self.history)
@@ -148,7 +177,7 @@ class Trainer:
     def state_dict(self)->dict:
         "Everything `load` needs to resume exactly: model, optimizer, schedule, step, history and the RNG states."
         s = {"model": self.module.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "step": self.step,
-             "history": self.history, "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state()}
+             "history": self.history, "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "config": self.config | {"steps": self.steps}}
         if self.device.type == "cuda": s["cuda_rng"] = torch.cuda.get_rng_state(self.device)
         return s
 
@@ -161,14 +190,17 @@ class Trainer:
     def load(self,
              path:str|Path, # a checkpoint written by `save`
             ):
-        "Resume from a checkpoint, all or nothing: a corrupt, invalid or incomplete file, or another model's, raises and changes nothing."
+        "Resume from a checkpoint, all or nothing: a corrupt, invalid or incomplete file, another model's, or one written with other training settings (lr, batch size, ...) raises and changes nothing. The schedule follows this trainer's `steps` (a warning says so when the checkpoint planned another total)."
         s = load_checkpoint(path, map_location="cpu")
-        _check_trainer_state(self, s, path)  # keys, structure and types as state_dict writes them for this trainer
+        _check_trainer_state(self, s, path)  # keys, structure and types as state_dict writes them for this trainer, the same settings
         backup = copy.deepcopy(self.state_dict())
         try: self._load(s)
         except Exception as e:
             self._load(backup)
             raise ValueError(f"checkpoint {path} does not fit this trainer: {e}") from e
+        if s["config"]["steps"] != self.steps:
+            warnings.warn(f"checkpoint {path} planned its schedule for {s['config']['steps']} steps, this trainer for {self.steps}: "
+                          f"from step {self.step} on the learning rate follows this trainer's {self.steps}-step cosine", stacklevel=2)
         return self
 
     def _load(self, s):
@@ -179,7 +211,7 @@ class Trainer:
         self.step, self.history = s["step"], copy.deepcopy(s["history"])
 
 # %% ../nbs/engine/train.ipynb #17640e44
-import argparse, hashlib, io, os, secrets, socket
+import argparse, hashlib, io, os, secrets, socket, sys, warnings
 from pathlib import Path
 from typing import Callable, NamedTuple
 from fastcore.imports import in_ipython
@@ -306,7 +338,7 @@ def _parser()->argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ssm_course.train", description="Train a SequenceModel (notebook 12) on a task of notebook 13a with the Trainer of notebook 13b, on a GPU when there is one; also under torchrun (DDP). Prints a line per evaluation round and the final evaluation.")
     ap.add_argument("--task", default="delayed_recall", choices=list(TASKS), help="the task (sequential_images is not offered: it reads MNIST or CIFAR-10 files you download; use Trainer in Python) (default: %(default)s)")
     ap.add_argument("--layer", default="s4d", choices=sorted(LAYERS), help="the sequence layer of every block (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=200, help="optimizer steps, at least 1 (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=200, help="optimizer steps in all, at least 1; with --resume, counted from the start of the first run (default: %(default)s)")
     ap.add_argument("--eval-every", type=int, default=50, help="evaluate on held-out data and print a line every this many steps, and at the end (default: %(default)s)")
     ap.add_argument("--batch-size", type=int, default=32, help="global batch size, split across processes under torchrun (default: %(default)s)")
     ap.add_argument("--d-model", type=int, default=32, help="model width H (default: %(default)s)")
@@ -316,6 +348,8 @@ def _parser()->argparse.ArgumentParser:
     ap.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:1, ... (default: %(default)s)")
     ap.add_argument("--amp", default="none", choices=["none", "bf16"], help="bf16: bfloat16 autocast (mixed precision); none: float32 (default: %(default)s)")
     ap.add_argument("--save", metavar="FILE", help="write the final checkpoint to this file (default: no checkpoint)")
+    ap.add_argument("--checkpoint-every", type=int, metavar="N", help="also write the --save file every N steps, so that a run killed midway resumes from there (default: only at the end)")
+    ap.add_argument("--resume", metavar="FILE", help="continue from a checkpoint written by --save, with the same task, model and training options; a larger --steps extends its schedule (default: start from scratch)")
     return ap
 
 def main(
@@ -327,7 +361,10 @@ def main(
     try:  # refuse bad options before any work, naming the option
         for k in ("steps", "eval_every", "batch_size", "d_model", "n_layers"): check_size(getattr(a, k), "--" + k.replace("_", "-"))
         _check_number(a.lr, "--lr")
+        if a.checkpoint_every is not None: check_size(a.checkpoint_every, "--checkpoint-every")
     except (TypeError, ValueError) as e: ap.error(str(e))
+    if a.checkpoint_every is not None and not a.save: ap.error("--checkpoint-every needs --save FILE: the file to write")
+    if a.resume and not Path(a.resume).is_file(): ap.error(f"--resume {a.resume}: no such file")
     if a.save:  # checked now, not after all the training
         save = Path(a.save)
         if save.is_dir(): ap.error(f"--save {a.save} is a directory; give a file name, e.g. {save / 'checkpoint.pt'}")
@@ -347,7 +384,15 @@ def main(
         model = SequenceModel(d_model=a.d_model, n_layers=a.n_layers, layer=a.layer, **task.model)
         trainer = Trainer(model, data, steps=a.steps, batch_size=a.batch_size, lr=a.lr, loss=task.loss, eval_data=held_out, seed=a.seed, device=device, amp=a.amp)
     except (TypeError, ValueError) as e: ap.error(f"--layer {a.layer} --d-model {a.d_model} --batch-size {a.batch_size}: {e}")
-    trainer.fit(eval_every=a.eval_every, progress=True)
+    if a.resume:
+        with warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always")
+            try: trainer.load(a.resume)
+            except ValueError as e: ap.error(f"--resume {a.resume}: {e}")
+        for w in notes:
+            if _dist()[0] == 0: print(f"{ap.prog}: note: {w.message}", file=sys.stderr, flush=True)
+        if _dist()[0] == 0: print(f"resumed from {a.resume} at step {trainer.step}/{a.steps}", flush=True)
+    trainer.fit(eval_every=a.eval_every, progress=True, save_every=a.checkpoint_every, save_to=a.save if a.checkpoint_every else None)
     if distributed:  # DDP's promise: every rank holds the same parameters; measure it
         flat = torch.cat([p.detach().flatten() for p in model.parameters()])
         every = [torch.empty_like(flat) for _ in range(_dist()[1])]

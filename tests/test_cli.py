@@ -64,7 +64,7 @@ def test_help_names_the_command_and_explains_every_option(module):
         if act.dest == "help": continue
         assert act.help, f"{module} {act.option_strings} has no help"
         if act.default not in (None, False): assert "(default: " in act.help, f"{module} {act.option_strings}: default {act.default!r} not shown"
-    if module == "ssm_course.train": assert "optimizer steps, at least 1 (default: 200)" in " ".join(r.stdout.split()), r.stdout
+    if module == "ssm_course.train": assert "optimizer steps in all, at least 1; with --resume, counted from the start of the first run (default: 200)" in " ".join(r.stdout.split()), r.stdout
 
 
 LINE = r"step {}/{}: train loss \d+\.\d{{4}}, eval loss \d+\.\d{{4}}{} \(\d\d:\d\d\)"
@@ -113,3 +113,41 @@ def test_train_draws_a_bar_on_a_terminal(size):
     err = err.decode()
     assert p.returncode == 0 and "\r" in err and re.search(r"training: 100%.*4/4", err), err
     assert len(out.splitlines()) == 3 and out.startswith("step 2/4: train loss"), out
+
+
+def test_train_resumes_from_a_periodic_checkpoint(tmp_path, monkeypatch, capsys):
+    "--checkpoint-every writes the --save file every N steps (was: only at the end); --resume continues from one exactly: the same losses and weights as the run straight through."
+    from ssm_course import train
+    args = ["--steps", "6", "--eval-every", "3", *TRAIN_SMALL]
+    straight = train.main(args)
+    saved, real_save = [], train.save_checkpoint
+    def spy(obj, path):  # keep a copy of every checkpoint as it is written
+        real_save(obj, path); saved.append(obj["step"]); real_save(obj, tmp_path / f"at{obj['step']}.pt")
+    monkeypatch.setattr(train, "save_checkpoint", spy)
+    train.main([*args, "--save", str(tmp_path / "run.pt"), "--checkpoint-every", "2"])
+    assert saved[:3] == [2, 4, 6], saved
+    monkeypatch.setattr(train, "save_checkpoint", real_save)
+    capsys.readouterr()
+    resumed = train.main([*args, "--resume", str(tmp_path / "at2.pt")])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"resumed from {tmp_path / 'at2.pt'} at step 2/6" and re.fullmatch(LINE.format(3, 6, r", eval accuracy \d\.\d{3}"), out[1]), out
+    assert resumed.history["loss"] == straight.history["loss"]
+    for p, q in zip(straight.module.parameters(), resumed.module.parameters()): assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("extra,msg", [(["--checkpoint-every", "2"], "--checkpoint-every needs --save FILE"),
+                                       (["--resume", "missing.pt"], "--resume missing.pt: no such file"),
+                                       (["--checkpoint-every", "0", "--save", "x.pt"], "--checkpoint-every must be at least 1, got 0")])
+def test_train_checkpoint_options_are_checked_first(extra, msg, capsys):
+    from ssm_course import train
+    with pytest.raises(SystemExit) as e: train.main(["--steps", "2", *TRAIN_SMALL, *extra])
+    assert e.value.code == 2 and f"error: {msg}" in capsys.readouterr().err
+
+
+def test_train_resume_with_other_options_is_one_line(tmp_path, capsys):
+    "--resume with another --lr: the checkpoint's and the command's values in one line, exit 2."
+    from ssm_course import train
+    train.main(["--steps", "2", *TRAIN_SMALL, "--save", str(tmp_path / "c.pt")])
+    with pytest.raises(SystemExit) as e: train.main(["--steps", "4", "--lr", "0.01", *TRAIN_SMALL, "--resume", str(tmp_path / "c.pt")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and "written by a trainer with lr=0.003; this trainer has lr=0.01" in err[-1], err

@@ -619,3 +619,55 @@ def test_engine_does_not_import_the_public_module():
             "import ssm_course.train as T\nassert all(getattr(T, n) is getattr(E, n) for n in ('_dist', '_device', '_setup_device', '_backend', '_check_data', '_check_trainer_state'))\n"
             "assert callable(T.save_checkpoint) and callable(T.load_checkpoint) and callable(T.main) and {'delayed_recall', 'selective_copying', 'copying', 'adding'} <= set(T.TASKS)\n")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+
+
+def _cosine_lr(base, s, total, warmup):
+    "The learning rate the schedule should give at step s (0 for the first), written out independently: linear warm-up, then cosine to 0 at `total`."
+    return base * ((s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / (total - warmup))))
+
+
+def test_fit_past_the_planned_total_refuses_and_extend_replans():
+    "fit past `steps` refused before any step (was: trained on at learning rate 0); extend(total) stretches the cosine, and the rates used follow it."
+    t = _trainer(); t.fit(6, progress=False); before = _state(t)
+    with pytest.raises(ValueError) as e: t.fit(5, progress=False)
+    assert "fit(steps=5) would train to step 11, past the 8 steps the schedule was planned for" in str(e.value) and "extend(11)" in str(e.value), str(e.value)
+    assert _same_state(before, _state(t))  # nothing trained
+    t.fit(2, progress=False)
+    with pytest.raises(ValueError, match="the schedule was planned for 8 steps and all are done"): t.train_step()
+    with pytest.raises(ValueError, match="at least the planned 8 steps"): t.extend(7)
+    t.extend(20)
+    base = [g["initial_lr"] for g in t.opt.param_groups]
+    used = []
+    for s in range(8, 20):
+        used.append([g["lr"] for g in t.opt.param_groups]); t.train_step()
+    for s, lrs in zip(range(8, 20), used):
+        for b, lr in zip(base, lrs): assert lr == pytest.approx(_cosine_lr(b, s, 20, 2), rel=1e-12, abs=1e-15), (s, lr)
+    assert min(used[0]) > 0 and t.step == 20
+
+
+@pytest.mark.parametrize("setting", [dict(lr=1e-2), dict(batch_size=8), dict(ssm_lr=1e-4), dict(weight_decay=0.1), dict(warmup=3), dict(grad_clip=None)])
+def test_load_into_a_trainer_with_other_settings_is_refused(tmp_path, setting):
+    "A checkpoint loaded by a trainer with another lr, batch size, ... (was: accepted, the checkpoint's learning rates silently winning): refused, naming both values, nothing replaced."
+    a = _trainer(); a.fit(3, progress=False); a.save(tmp_path / "c.pt")
+    torch.manual_seed(0)
+    m = SequenceModel(4, d_model=8, n_layers=1, layer="lru", vocab_size=4, pool=None)
+    b = Trainer(m, lambda n, g: tasks.delayed_recall(n, L=16, delay=4, g=g), **({"steps": 8, "batch_size": 4, "warmup": 2} | setting))
+    before = _state(b)
+    (k, v), = setting.items()
+    with pytest.raises(ValueError) as e: b.load(tmp_path / "c.pt")
+    old = a.config[k]
+    assert f"written by a trainer with {k}={old!r}; this trainer has {k}={v!r}" in str(e.value), str(e.value)
+    assert _same_state(before, _state(b))
+
+
+def test_load_into_a_longer_plan_warns_and_follows_it(tmp_path):
+    "Another `steps`: loaded with a warning naming both totals, and the rates from there follow this trainer's cosine; a checkpoint past the plan is refused."
+    a = _trainer(); a.fit(4, progress=False); a.save(tmp_path / "c.pt")
+    b = _trainer()
+    b = Trainer(b.module, b.data, steps=12, batch_size=4, warmup=2)
+    with pytest.warns(UserWarning, match="planned its schedule for 8 steps, this trainer for 12: from step 4 on"): b.load(tmp_path / "c.pt")
+    b.train_step(); b.train_step()
+    base = [g["initial_lr"] for g in b.opt.param_groups]
+    for bl, lr in zip(base, [g["lr"] for g in b.opt.param_groups]): assert lr == pytest.approx(_cosine_lr(bl, 6, 12, 2), rel=1e-12)
+    c = Trainer(b.module, b.data, steps=3, batch_size=4, warmup=2)
+    with pytest.raises(ValueError, match="is at step 4, past this trainer's planned 3 steps"): c.load(tmp_path / "c.pt")

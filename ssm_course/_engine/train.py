@@ -146,7 +146,7 @@ def _check_trainer_state(trainer, s, path):
     bad = lambda what: ValueError(f"invalid checkpoint {path}: {what}")
     got = lambda v: repr(v) if isinstance(v, (numbers.Number, str, type(None))) else type(v).__name__
     is_int, is_real = (lambda v: isinstance(v, int) and not isinstance(v, bool)), (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool))
-    missing = sorted({"model", "opt", "sched", "step", "history", "gen", "torch_rng"} - set(s))
+    missing = sorted({"model", "opt", "sched", "step", "history", "gen", "torch_rng", "config"} - set(s))
     if missing: raise ValueError(f"checkpoint {path} is incomplete: it has no {missing}")
     model, own = s["model"], trainer.module.state_dict()
     if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in model.items()):
@@ -164,6 +164,17 @@ def _check_trainer_state(trainer, s, path):
         if not (isinstance(h.get(k), list) and all(map(ok, h[k]))): raise bad(f"history[{k!r}] must be a list of {what}, got {got(h.get(k))}")
     if len(h["step"]) != len(h["loss"]) or not len(h["eval_step"]) == len(h["eval_loss"]) == len(h["eval_acc"]):
         raise bad("history's lists of steps and losses differ in length")
+    cfg, own_cfg = s["config"], trainer.config | {"steps": trainer.steps}
+    kinds = dict(lr=is_real, ssm_lr=is_real, weight_decay=is_real, batch_size=is_int, warmup=is_int, steps=lambda v: is_int(v) and v >= 1,
+                 grad_clip=lambda v: v is None or is_real(v), loss=lambda v: isinstance(v, str))  # the settings state_dict records
+    if not (isinstance(cfg, dict) and set(cfg) == set(own_cfg) and all(kinds[k](cfg[k]) for k in own_cfg)):
+        raise bad(f"config must hold the trainer's settings {sorted(own_cfg)} with values like {own_cfg}, got {got(cfg) if not isinstance(cfg, dict) else cfg}")
+    differ = [k for k in own_cfg if k != "steps" and cfg[k] != own_cfg[k]]
+    if differ:  # the optimizer and the schedule would silently keep the checkpoint's learning rates, the batches this trainer's size
+        raise ValueError(f"checkpoint {path} was written by a trainer with {', '.join(f'{k}={cfg[k]!r}' for k in differ)}; this trainer has "
+                         f"{', '.join(f'{k}={own_cfg[k]!r}' for k in differ)}. Build the Trainer with the checkpoint's values to resume it")
+    if step > trainer.steps:
+        raise ValueError(f"checkpoint {path} is at step {step}, past this trainer's planned {trainer.steps} steps: build the Trainer with steps of at least {step}")
     for k in ("gen", "torch_rng", "cuda_rng"):
         if k in s and not (isinstance(s[k], Tensor) and s[k].dtype == torch.uint8 and s[k].ndim == 1): raise bad(f"{k} must be an RNG state (a 1-D uint8 tensor), got {got(s[k])}")
     opt, own_opt = s["opt"], trainer.opt.state_dict()
