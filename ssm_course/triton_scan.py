@@ -287,11 +287,14 @@ def compile_specs()->list: # one dict per kernel variant (see notebook 10b)
     return out
 
 def perf_model()->list: # one dict per op and direction at BENCH_SHAPE
-    "Bytes, flops and transcendentals of the float32 scan at `BENCH_SHAPE`, counted from the kernels' loads, stores and arithmetic."
+    "Bytes, flops and transcendentals of the float32 scan at `BENCH_SHAPE`, counted from the kernels' loads, stores and arithmetic, and the kernels whose issued instructions notebook 10b counts."
     n = math.prod(BENCH_SHAPE)
     # bytes: forward reads a, b and writes h; backward reads a_{t+1}, dL/dh, h_{t-1} and writes da, db (4 bytes each).
     # flops per element as compiled (the float32 kernels' block loop in sm_90 PTX, an FMA counted as 2; notebook 10 recounts
     # them): about 15 forward and 17 backward. The combine (a multiply and an FMA, 3 flops) runs about five times per element
     # in the three-level scan that tl.associative_scan generates.
-    return [{"op": "scan", "direction": "fwd", "shape": list(BENCH_SHAPE), "dtype": "float32", "bytes": 4 * 3 * n, "flops": 15 * n, "transcendentals": 0},
-            {"op": "scan", "direction": "bwd", "shape": list(BENCH_SHAPE), "dtype": "float32", "bytes": 4 * 5 * n, "flops": 17 * n, "transcendentals": 0}]
+    # issue: each direction runs its kernel's float32 variant over the n elements (notebook 10b counts its hot loop's instructions).
+    return [{"op": "scan", "direction": "fwd", "shape": list(BENCH_SHAPE), "dtype": "float32", "bytes": 4 * 3 * n, "flops": 15 * n, "transcendentals": 0,
+             "issue": [{"kernel": "_scan_fwd_kernel", "variant": "float32", "elements": n}]},
+            {"op": "scan", "direction": "bwd", "shape": list(BENCH_SHAPE), "dtype": "float32", "bytes": 4 * 5 * n, "flops": 17 * n, "transcendentals": 0,
+             "issue": [{"kernel": "_scan_bwd_kernel", "variant": "float32", "elements": n}]}]

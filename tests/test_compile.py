@@ -1,10 +1,17 @@
 """Every Triton kernel compiled for real GPUs (sm_80, sm_90) without one, as `python -m ssm_course.gpu_report` does it.
 
-Per kernel variant that the launchers start at bench/gpu.py's shapes (each module's `compile_specs()`), and per
-architecture: it compiles; it spills nothing (stack and local memory 0); its shared memory fits (163 KB on sm_80,
-227 KB on sm_90); tensor-core instructions appear wherever it uses `tl.dot`; 128-bit global loads appear wherever its
-access is contiguous. Everything is compiled once, in one separate process without TRITON_INTERPRET (which other test
-modules set), with Triton's on-disk cache."""
+Per kernel variant that the launchers start (each module's `compile_specs()`), and per architecture: it compiles; it
+spills nothing (stack and local memory 0); its shared memory fits (163 KB on sm_80, 227 KB on sm_90); tensor-core
+instructions appear wherever it uses `tl.dot`; 128-bit global loads appear wherever its access is contiguous. On sm_75
+and sm_100 one `tl.dot` kernel is compiled for the report's tensor-core detection (FMA on sm_75, `tcgen05.mma` on sm_100).
+
+Time: everything is compiled once, in one separate process without TRITON_INTERPRET (which other test modules set),
+with Triton's on-disk cache and gpu_report's cache of the measured facts (keyed by Triton's version, the kernel's source
+with its callees, the spec and the architecture: a second run reads files). The specs at the benchmark shapes are all
+checked. The shape sweeps (specs with a `sweep` dict: state sizes, chunk sizes, ...) are sampled deterministically, so
+that a cold run stays within the time of the benchmark specs: per kernel, the sweep point with the largest swept values
+(the largest tiles, where spills and shared memory peak) and every point whose sha256(kernel + variant) is 0 mod 4.
+SSM_COURSE_COMPILE_SWEEP=all checks every point (as `python -m ssm_course.gpu_report` and notebook engine/gpu_report do)."""
 import json, os, re, subprocess, sys
 import pytest
 
@@ -45,9 +52,23 @@ import json, os, sys
 sys.path.insert(0, sys.argv[1])
 from ssm_course import gpu_report
 import mirrored
-out = {"coverage": gpu_report.coverage(MODULES), "rows": gpu_report.report(MODULES, workers=min(2, os.cpu_count() or 1)),
-       "perf": gpu_report.perf_model(MODULES)}
-bf16 = gpu_report.report(("ssm_course.triton_scan",), variants=["bfloat16"], asm=True)  # already compiled above: from the cache
+import hashlib, multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+def sampled(specs):  # the module docstring's rule: every spec without a sweep; of each kernel's sweep the largest point and a hash-chosen quarter
+    if os.environ.get("SSM_COURSE_COMPILE_SWEEP") == "all": return list(range(len(specs)))
+    size = lambda s: tuple(v for _, v in sorted(s["sweep"].items()) if isinstance(v, (int, float)))
+    largest = {}
+    for i, s in enumerate(specs):
+        if "sweep" in s and (s["kernel"] not in largest or size(s) > size(specs[largest[s["kernel"]]])): largest[s["kernel"]] = i
+    return [i for i, s in enumerate(specs) if "sweep" not in s or largest[s["kernel"]] == i
+            or int(hashlib.sha256((s["kernel"] + s["variant"]).encode()).hexdigest(), 16) % 4 == 0]
+jobs = [(m, i, arch, False) for m in MODULES for i in sampled(gpu_report.specs(m)) for arch in (80, 90)]
+with ProcessPoolExecutor(min(2, os.cpu_count() or 1), mp_context=multiprocessing.get_context("fork")) as ex: rows = list(ex.map(gpu_report._compile_job, jobs))
+out = {"coverage": gpu_report.coverage(MODULES), "rows": rows, "perf": gpu_report.perf_model(MODULES)}
+dot = [s for s in gpu_report.specs("ssm_course.triton_ssm") if s["dot"] and "sweep" not in s][0]
+out["dot_other_archs"] = [gpu_report.compile_spec(dot, arch) for arch in (75, 100)]
+out["dot_other_archs_table"] = gpu_report.table(out["dot_other_archs"])
+bf16 = gpu_report.report(("ssm_course.triton_scan",), (80, 90), variants=["bfloat16"], asm=True)  # already compiled above: from the cache
 out["bf16_rtne"] = [(r["kernel"], r["arch"], "cvt.rn.bf16x2.f32" in r["ptx"]) for r in bf16]
 sig = {"a_ptr": "*fp32", "b_ptr": "*fp32", "h_ptr": "*fp32", "L": "i32", "MIRRORED": "constexpr", "BLOCK": "constexpr"}
 out["mirrored_vector_loads"] = [gpu_report.compile_spec(dict(kernel="k", variant=str(m), fn=mirrored.reverse_scan_kernel, signature=sig,
@@ -127,6 +148,25 @@ def test_vector_loads_wherever_contiguous(compiled, module):
     assert not [name(r) for r in of(compiled, module) if r["error"] is None and r["expect_vector_loads"] and not r["vector_loads"]]
 
 
+def test_tensor_cores_on_other_targets(compiled):
+    "sm_100's tcgen05.mma counts as tensor cores (was reported False); on sm_75 tl.dot is FMA, and the table says so in a note, not a warning."
+    sm75, sm100 = compiled["dot_other_archs"]
+    assert sm75["error"] is None and sm75["tensor_cores"] is False and sm100["error"] is None and sm100["tensor_cores"] is True
+    assert compiled["dot_other_archs_table"].endswith("On sm_75 `tl.dot` compiles to FMA instructions on the CUDA cores (Triton uses tensor cores from sm_80 on): "
+                                                      "the results are the same, the dots run at the float32 rate.")
+
+
+def test_scan_hot_loop(compiled):
+    """The scan's instructions per element from its sm_90/sm_80 machine code. One trip through the loop is one iteration (not
+    unrolled): the forward's loop holds the 128-bit loads of a and b and the stores of h for ROWS x BLOCK = 2048 elements
+    by 256 threads (2 + 2 + 2); the backward's also the 4-byte loads of a_{t+1} and h_{t-1} (8 + 8), dL/dh (2), da and db (2 + 2)."""
+    rs = {(r["kernel"], r["arch"]): r for r in of(compiled, "ssm_course.triton_scan") if r["variant"] == "float32"}
+    for arch in (80, 90):
+        fwd, bwd = rs["_scan_fwd_kernel", arch], rs["_scan_bwd_kernel", arch]
+        assert fwd["hot_loop"]["loop"] and fwd["hot_loop"]["global memory"] == 6 and bwd["hot_loop"]["global memory"] == 22
+        assert 20 < fwd["instructions_per_element"] < 40 and 35 < bwd["instructions_per_element"] < 65, (fwd["instructions_per_element"], bwd["instructions_per_element"])
+
+
 def test_mirrored_offsets_lose_vector_loads(compiled):
     "Notebook 10's reason for forward-ordered offsets in the backward: mirrored indices compile to 4-byte loads, forward ones to 128-bit."
     assert compiled["mirrored_vector_loads"] == [True, False]
@@ -148,6 +188,12 @@ def test_perf_model_rows(compiled):
     n = 8 * 1536 * 4096
     assert scan["fwd"]["bytes"] == 12 * n and scan["bwd"]["bytes"] == 20 * n  # forward + backward: 32 bytes per element
     assert all(r["bandwidth_is_estimate"] and r["floor_ms"] > 0 for r in compiled["perf"])
+    # the issue floor: the hot loop's thread-instructions per element (sm_90) times the elements, over 132 SMs x 4 schedulers x 32 x 1.98 GHz
+    ipe = {r["kernel"]: r["instructions_per_element"] for r in compiled["rows"] if r["variant"] == "float32" and r["arch"] == 90 and r["module"] == "ssm_course.triton_scan"}
+    for d, k in (("fwd", "_scan_fwd_kernel"), ("bwd", "_scan_bwd_kernel")):
+        assert scan[d]["ms_issue"] == pytest.approx(1e3 * ipe[k] * n / (132 * 4 * 32 * 1.98e9), rel=1e-9)
+        assert scan[d]["floor_ms"] == max(scan[d][c] for c in ("ms_memory", "ms_compute", "ms_sfu", "ms_issue")) and scan[d]["bound"] == "memory"
+    assert all(r["floor_ms"] == max(r[c] for c in ("ms_memory", "ms_compute", "ms_sfu", "ms_issue") if r[c] is not None) for r in compiled["perf"])
 
 
 def test_command_line_prints_the_table():
@@ -160,7 +206,7 @@ def test_command_line_prints_the_table():
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--archs", "70"], "argument --archs: invalid choice: 70 (choose from 80, 90)"),
+    (["--archs", "70"], "argument --archs: invalid choice: 70 (choose from 75, 80, 86, 89, 90, 100)"),
     (["--modules", "foo"], "argument --modules: cannot import 'foo'"), (["--modules", "foo.bar"], "argument --modules: cannot import 'foo.bar'"),
     (["--modules", "ssm_course.checks"], "argument --modules: ssm_course.checks has no compile_specs()"),
     (["--kernels", "nothing_kernel"], "argument --kernels: no compile spec of ssm_course.triton_scan, ssm_course.triton_ssm has the kernel name(s) ['nothing_kernel']; they are ['_kdiag_bwd_kernel'"),

@@ -168,7 +168,7 @@ def test_gpu_image_imports():
     import subprocess, sys
     code = ("import sys\nfor m in ['fastcore', 'fastprogress', 'scipy', 'matplotlib', 'IPython', 'pandas', 'sklearn', 'hypothesis']: sys.modules[m] = None\n"
             "import ssm_course.scan, ssm_course.triton_scan, ssm_course.gpu_report, ssm_course.triton_ssm, ssm_course.conv, ssm_course.selective, ssm_course.ssd\n"
-            "print(len(ssm_course.gpu_report.perf_model()))")
+            "print(len(ssm_course.gpu_report.perf_model(issue=False)))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and int(res.stdout.split()[-1]) > 0, res.stderr[-2000:]
 

@@ -90,4 +90,5 @@ def _spec(kernel, fn, variant, grid, args, kw):
             sig[name] = "i32" if -2**31 <= v < 2**31 else "i64"
             if v % 16 == 0: aligned.append(name)
     return dict(kernel=kernel, variant=variant, fn=fn, signature=sig, constexprs=cx, aligned=aligned, num_warps=opts["num_warps"],
-                num_stages=kw["STAGES"], options={k: opts[k] for k in ("enable_fp_fusion", "maxnreg")}, dot=False, vector_loads=True)
+                num_stages=kw["STAGES"], options={k: opts[k] for k in ("enable_fp_fusion", "maxnreg")}, dot=False, vector_loads=True,
+                elements_per_iteration=kw["ROWS"] * kw["BLOCK"])  # one trip through the block loop: ROWS rows of BLOCK steps
