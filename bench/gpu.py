@@ -1,12 +1,14 @@
 """The GPU benchmark behind bench/gpu.sh. See that script for usage."""
 import argparse, json, math, os, signal, subprocess, sys, time, traceback
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers
 SMOKE = "--smoke" in sys.argv
 if SMOKE: os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch
 import torch.nn.functional as F
 
 DEV = "cpu" if SMOKE else "cuda"
-RESULTS = {"checks": {}, "timings": [], "errors": [], "skipped": [], "kernels": []}
+RESULTS = {"checks": {}, "peer_checks": {}, "timings": [], "errors": [], "skipped": [], "notes": [], "kernels": []}
 OUT = None  # the output folder (main)
 # Machine epsilon of each precision an op computes in. A check's tolerance is `growth` times the epsilon of the op's
 # precision, with `growth` stated where the check is made (how the op's error grows with its size), never a bare number.
@@ -37,7 +39,7 @@ def model_bytes(op, direction, shape):
     "The bytes `op` must move in `direction` (fwd or bwd) at `shape`: its module's perf_model(), scaled by the element count."
     from ssm_course.gpu_report import perf_model, MODULES
     for module in MODULES:  # one module at a time, so that one that fails to import does not hide the others
-        try: rows = perf_model((module,))
+        try: rows = perf_model((module,), issue=False)  # bytes only: nothing to compile
         except Exception as e: RESULTS["errors"].append(f"perf_model {module}: {type(e).__name__}: {e}"); continue
         for r in rows:
             if r["op"] == op and r["direction"] == direction: return r["bytes"] * math.prod(shape) // math.prod(r["shape"])
@@ -54,10 +56,10 @@ def record(op, impl, shape, ms, nbytes=None, copy_gbps=None, note=""):
     print(f"  {op:28s} {impl:34s} {ms:9.3f} ms" + (f"  {row.get('GB/s', 0):7.0f} GB/s" if nbytes else ""), flush=True)
 
 
-def guarded(name, need=15):
+def guarded(name, need=15, budget=None):
     """Run a benchmark section: record (not raise) its failure so the others still run; skip it when less than `need`
-    seconds of the budget are left, stop it at the deadline (a section with `need` 0 runs even after it, for 10 s at
-    most), and write the results so far."""
+    seconds of the budget are left, stop it at the deadline or after `budget` seconds (a section with `need` 0 runs even
+    after the deadline, for 10 s at most), and write the results so far (every row a stopped section recorded stays)."""
     def deco(fn):
         def run(*a, **k):
             if left() < need:
@@ -66,11 +68,13 @@ def guarded(name, need=15):
                 return None
             t0 = time.time()
             signal.signal(signal.SIGALRM, _alarm)
-            signal.setitimer(signal.ITIMER_REAL, max(0.5, left() if need > 0 else max(left(), 10)))  # need 0: after the budget, 10 s
+            limit = left() if need > 0 else max(left(), 10)  # need 0: after the deadline, 10 s
+            signal.setitimer(signal.ITIMER_REAL, max(0.5, min(limit, budget) if budget and not SMOKE else limit))
             try: return fn(*a, **k)
             except OutOfTime:
-                RESULTS["errors"].append(f"{name}: stopped at the time budget's end")
-                print(f"{name}: stopped at the time budget's end", flush=True)
+                why = f"its {budget} s" if budget and time.time() - t0 >= budget - 1 else "the run's"
+                RESULTS["errors"].append(f"{name}: stopped at the end of {why} time budget")
+                print(f"{name}: stopped at the end of {why} time budget", flush=True)
             except Exception as e:
                 RESULTS["errors"].append(f"{name}: {type(e).__name__}: {e}")
                 traceback.print_exc()
@@ -85,10 +89,11 @@ def guarded(name, need=15):
 def rel(x, ref): return float((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp(min=1e-30))
 
 
-def check(name, err, tol=None, *, precision=None, growth=None):
-    "Record a full-size check; the tolerance is `growth` x EPS[`precision`] (a bare `tol` is recorded as untied to a precision)."
+def check(name, err, tol=None, *, precision=None, growth=None, peer=False):
+    """Record a full-size check; the tolerance is `growth` x EPS[`precision`] (a bare `tol` is recorded as untied to a
+    precision). A peer's check (`peer=True`) goes to `peer_checks`: it says whether the peer agrees, not whether we pass."""
     if precision is not None: tol = growth * EPS[precision]
-    RESULTS["checks"][name] = {"max_rel_err": err, "tol": tol, "precision": precision, "growth": growth, "ok": err <= tol}
+    RESULTS["peer_checks" if peer else "checks"][name] = {"max_rel_err": err, "tol": tol, "precision": precision, "growth": growth, "ok": err <= tol}
     how = f" = {growth:g} eps({precision})" if precision else " (not tied to a precision)"
     print(f"check {name}: max rel err {err:.2e} (tol {tol:.1e}{how}) {'OK' if err <= tol else 'FAIL'}", flush=True)
 
@@ -125,7 +130,7 @@ def copy_bandwidth():
     return gbps
 
 
-@guarded("scan")
+@guarded("scan", budget=90)
 def bench_scan(copy):
     from ssm_course.scan import scan
     shapes = [(2, 3, 64)] if SMOKE else [(8, 1536, 4096), (8, 1536, 65536), (1, 16, 1 << 20)]  # the last: 16 rows of 2^20 steps (few rows, long L)
@@ -135,16 +140,22 @@ def bench_scan(copy):
         b = torch.randn(B, D, L, device=DEV, generator=g)
         gy = torch.randn(B, D, L, device=DEV, generator=g)
         shape = [B, D, L]
-        if L <= 4096:  # forward and backward at full size against float64 (8 rows: the float64 autograd reference is slow)
-            ad, bd = a[:1, :8].double().requires_grad_(), b[:1, :8].double().requires_grad_()
-            ref = scan(ad, bd, backend="torch")
-            ref_da, ref_db = torch.autograd.grad(ref, (ad, bd), gy[:1, :8].double())
-            ar, br = a.clone().requires_grad_(), b.clone().requires_grad_()
-            h = scan(ar, br, backend="triton")
-            da, db = torch.autograd.grad(h, (ar, br), gy)
-            # float32 recurrence: observed 1.8 eps (h) and 1.4 eps (da) relative to the largest value at L = 4096 in the interpreter
-            for name, x, r in [("h", h, ref), ("da", da, ref_da), ("db", db, ref_db)]:
-                check(f"scan {name} {tuple(shape)}", rel(x[:1, :8], r), precision="float32", growth=8)
+        # forward and backward at the full length against float64, on a few rows (the float64 autograd reference is slow);
+        # the same rows of every peer's output and gradients
+        k = 8 if L <= 4096 else 2
+        ad, bd = a[:1, :k].double().requires_grad_(), b[:1, :k].double().requires_grad_()
+        ref = scan(ad, bd, backend="torch")
+        ref_da, ref_db = torch.autograd.grad(ref, (ad, bd), gy[:1, :k].double())
+        refs = {"h": ref.detach(), "da": ref_da, "db": ref_db}
+        del ad, bd, ref
+        ar, br = a.clone().requires_grad_(), b.clone().requires_grad_()
+        h = scan(ar, br, backend="triton")
+        da, db = torch.autograd.grad(h, (ar, br), gy)
+        # float32 recurrence: observed 1.8 eps (h) and 1.4 eps (da) relative to the largest value at L = 4096 in the interpreter;
+        # with decays in [0.9, 1] a state remembers about 100 steps, so the error does not grow with L
+        for name, x in [("h", h), ("da", da), ("db", db)]:
+            check(f"scan {name} {tuple(shape)}", rel(x[:1, :k], refs[name]), precision="float32", growth=8)
+        del h, da, db
         fwd_bytes, bwd_bytes = model_bytes("scan", "fwd", shape), model_bytes("scan", "bwd", shape)
         ours = scan(a, b, backend="triton")
         record("scan fwd", "ssm_course (triton)", shape, timeit(lambda: scan(a, b, backend="triton")), fwd_bytes, copy)
@@ -157,7 +168,10 @@ def bench_scan(copy):
         # (relative to the largest value), which shows that it solves the same recurrence.
         try:
             from accelerated_scan.scalar import scan as as_scan  # its Triton version: (B, C, T), h_t = gate_t h_{t-1} + token_t
-            note = f"max rel diff from ours {rel(as_scan(a, b), ours):.1e}"
+            got = [as_scan(a, b)] + list(torch.autograd.grad(as_scan(ar, br), (ar, br), gy))
+            for name, x in zip(("h", "da", "db"), got): check(f"accelerated-scan {name} {tuple(shape)}", rel(x[:1, :k], refs[name]), precision="float32", growth=8, peer=True)
+            note = f"max rel diff from ours {rel(got[0], ours):.1e}"
+            del got
             record("scan fwd", "accelerated-scan (triton)", shape, timeit(lambda: as_scan(a, b)), fwd_bytes, copy, note=note)
             if not SMOKE: record("scan fwd+bwd", "accelerated-scan (triton)", shape, timeit(lambda: torch.autograd.grad(as_scan(ar, br), (ar, br), gy)), fwd_bytes + bwd_bytes, copy, note=note)
         except Exception as e: RESULTS["errors"].append(f"accelerated-scan {shape}: {type(e).__name__}: {e}")
@@ -167,7 +181,12 @@ def bench_scan(copy):
             xr, gr, gyt = x_.clone().requires_grad_(), g_.clone().requires_grad_(), gy.transpose(1, 2).contiguous()
             for name, f in [("fla chunk_hgrn", chunk_hgrn), ("fla fused_recurrent_hgrn", fused_recurrent_hgrn)]:
                 try:
-                    note = f"(B, T, D) layout; max rel diff from ours {rel(f(x_, g_)[0].transpose(1, 2), ours):.1e}"
+                    out = f(x_, g_)[0].transpose(1, 2)
+                    dx, dg = torch.autograd.grad(f(xr, gr)[0], (xr, gr), gyt)  # dL/dg = dL/da * a (g = log a)
+                    for n_, x in (("h", out), ("da", dg.transpose(1, 2) / a), ("db", dx.transpose(1, 2))):
+                        check(f"{name} {n_} {tuple(shape)}", rel(x[:1, :k], refs[n_]), precision="float32", growth=8, peer=True)
+                    note = f"(B, T, D) layout; max rel diff from ours {rel(out, ours):.1e}"
+                    del out, dx, dg
                     record("scan fwd", name, shape, timeit(lambda: f(x_, g_)), fwd_bytes, copy, note=note)
                     record("scan fwd+bwd", name, shape, timeit(lambda: torch.autograd.grad(f(xr, gr)[0], (xr, gr), gyt)), fwd_bytes + bwd_bytes, copy, note=note)
                 except Exception as e: RESULTS["errors"].append(f"{name} {shape}: {type(e).__name__}: {e}")
@@ -228,7 +247,7 @@ def train_steps():
     if not all(oks): RESULTS["errors"].append("training failed: see train.log")
 
 
-@guarded("ssm_kernel_diag")
+@guarded("ssm_kernel_diag", budget=45)
 def bench_kernel_diag(copy):
     from ssm_course.conv import ssm_kernel_diag
     from ssm_course.triton_ssm import KDIAG_SHAPE
@@ -261,7 +280,7 @@ def bench_kernel_diag(copy):
     record("ssm_kernel_diag fwd", "naive einsum", shape, timeit(naive), fwd_bytes, copy, note="bytes: the Triton kernels' (perf_model)")
 
 
-@guarded("selective_scan")
+@guarded("selective_scan", budget=75)
 def bench_selective(copy):
     from ssm_course.selective import selective_scan, selective_scan_ref
     from ssm_course.triton_ssm import SELECTIVE_SHAPE, selective_scan_triton
@@ -297,60 +316,158 @@ def bench_selective(copy):
         xm, dm, Bm, Cm = (t.transpose(1, 2).contiguous().requires_grad_() for t in (u, delta, B, C))
         Am, gym = A.clone().requires_grad_(), gy.transpose(1, 2).contiguous()
         mamba = lambda: MambaBlock.selective_scan(None, xm, F.softplus(dm), Am, Bm, Cm, Dm)  # (b, l, d)
-        with torch.no_grad(): note = f"(b, l, d) layout; max rel diff from ours {rel(mamba().transpose(1, 2), selective_scan_triton(u, delta, A, B, C, D=Dm, delta_softplus=True)):.1e}"
+        with torch.no_grad():
+            ym = mamba().transpose(1, 2)
+            check(f"mambapy y {tuple(shape)}", rel(sl(ym), yd), precision="float32", growth=16, peer=True)  # the same rows, full length
+            note = f"(b, l, d) layout; max rel diff from ours {rel(ym, selective_scan_triton(u, delta, A, B, C, D=Dm, delta_softplus=True)):.1e}"
+            del ym
         record("selective_scan fwd+bwd", "mambapy MambaBlock.selective_scan", shape, timeit(lambda: torch.autograd.grad(mamba(), (xm, dm, Am, Bm, Cm), gym)),
                fwd_bytes + bwd_bytes, copy, note=note + "; GB/s: the Triton kernels' bytes")
         del xm, dm, Bm, Cm, Am, gym
     except Exception as e: RESULTS["errors"].append(f"mambapy: {type(e).__name__}: {e}")
+    if peers.has_selective_scan_cuda():  # mamba-ssm's CUDA kernel: only where its extension was built (the wheel bench/gpu.sh makes has none)
+        try:
+            xp = [sl(x).clone().requires_grad_() for x in (u, delta, A, B, C)]
+            yp = peers.mamba_selective_scan(*xp, Dm[:64])
+            check(f"mamba-ssm selective_scan_fn y {tuple(shape)}", rel(yp, yd), precision="float32", growth=16, peer=True)
+            for name, x, r in zip(("du", "ddelta", "dA", "dB", "dC"), torch.autograd.grad(yp, xp, sl(gy)), want):
+                check(f"mamba-ssm selective_scan_fn {name} {tuple(shape)}", rel(x, r), precision="float32", growth=128, peer=True)
+            del xp, yp
+            impl = "mamba-ssm selective_scan_fn (CUDA)"
+            record("selective_scan fwd", impl, shape, timeit(lambda: peers.mamba_selective_scan(u, delta, A, B, C, Dm)), fwd_bytes, copy, note="GB/s: the Triton kernels' bytes")
+            record("selective_scan fwd+bwd", impl, shape, timeit(lambda: torch.autograd.grad(peers.mamba_selective_scan(*xs, Dm), xs, gy)), fwd_bytes + bwd_bytes, copy, note="GB/s: the Triton kernels' bytes")
+        except Exception as e: RESULTS["errors"].append(f"mamba-ssm selective_scan_fn: {type(e).__name__}: {e}")
+    else: RESULTS["notes"].append("mamba-ssm selective_scan_fn not timed: its CUDA extension selective_scan_cuda is not built here")
     def loop():  # the reference loop, timed once (it is slow)
         torch.autograd.grad(selective_scan_ref(*xs, delta_softplus=True), xs, gy)
     t0 = time.perf_counter(); loop(); torch.cuda.synchronize() if not SMOKE else None
     record("selective_scan fwd+bwd", "PyTorch reference loop", shape, (time.perf_counter() - t0) * 1e3, None, copy, note="one run")
 
 
-@guarded("ssd")
-def bench_ssd(copy):
-    from ssm_course.ssd import ssd
+def _ssd_case(dtype=torch.float32):
+    "SSD's benchmark inputs (b, l, h, p, n) = SSD_SHAPE, the upstream gradient, and the slice checked at the full length: batch 0, the first heads."
     from ssm_course.triton_ssm import SSD_SHAPE
     b, l, h, p, n = (1, 32, 2, 4, 4) if SMOKE else SSD_SHAPE
-    shape = [b, l, h, p, n]
     g = torch.Generator(device=DEV).manual_seed(0)
     x = torch.randn(b, l, h, p, device=DEV, generator=g)
     dt = F.softplus(torch.randn(b, l, h, device=DEV, generator=g) - 2)
     A = -torch.exp(torch.randn(h, device=DEV, generator=g))
     B, C = (torch.randn(b, l, 1, n, device=DEV, generator=g) / math.sqrt(n) for _ in range(2))
     gy = torch.randn_like(x)
-    # the first 1024 steps against the float64 chunked PyTorch path, forward and every gradient. float32 inputs, tf32x3 dots:
-    # observed <= 3 eps (y) and 24 eps (gradients; A's sums over every step) in the interpreter; bfloat16 inputs: y within 1 ulp
-    m = min(l, 1024)
-    ins = [t[:, :m].clone().requires_grad_() if t.dim() > 1 else t.clone().requires_grad_() for t in (x, dt, A, B, C)]
+    hs = min(h, 4)
+    sl = lambda ts: [ts[0][:1, :, :hs], ts[1][:1, :, :hs], ts[2][:hs], ts[3][:1], ts[4][:1]]  # x, dt, A, B, C: batch 0, heads < hs, every step
+    return [b, l, h, p, n], [t.to(dtype) for t in (x, dt, A, B, C)], gy.to(dtype), sl
+
+
+def _ssd_reference(ins, gy):
+    "y and the gradients of (x, dt, A, B, C) by the float64 chunked PyTorch path, from `ins` as given (bfloat16 values exactly)."
+    from ssm_course.ssd import ssd
     ind = [t.detach().double().requires_grad_() for t in ins]
-    y, yd = ssd(*ins, chunk_size=64, backend="triton"), ssd(*ind, chunk_size=64, backend="torch")
-    got, want = torch.autograd.grad(y, ins, gy[:, :m]), torch.autograd.grad(yd, ind, gy[:, :m].double())
-    check(f"ssd y {tuple(shape)}", rel(y, yd), precision="float32", growth=16)
-    for name, t, r in zip(("dx", "ddt", "dA", "dB", "dC"), got, want): check(f"ssd {name} {tuple(shape)}", rel(t, r), precision="float32", growth=128)
-    xb = [t[:, :m].bfloat16() if t.dim() > 1 else t.bfloat16() for t in (x, dt, A, B, C)]
-    check(f"ssd y bf16 {tuple(shape)}", rel(ssd(*xb, chunk_size=64, backend="triton"), ssd(*[t.double() for t in xb], chunk_size=64, backend="torch")), precision="bfloat16", growth=1)
+    yd = ssd(*ind, chunk_size=64, backend="torch")
+    return yd.detach(), torch.autograd.grad(yd, ind, gy.double())
+
+
+def _check_ssd(label, f, ins, gy, ref, precision, growth_y, growth_grad, peer=False):
+    "Check f(x, dt, A, B, C) and its gradients on the slice `ins` (full length) against the float64 reference `ref`."
+    xs = [t.detach().clone().requires_grad_() for t in ins]
+    y = f(*xs)
+    check(f"{label} y", rel(y, ref[0]), precision=precision, growth=growth_y, peer=peer)
+    for name, t, r in zip(("dx", "ddt", "dA", "dB", "dC"), torch.autograd.grad(y, xs, gy), ref[1]):
+        check(f"{label} {name}", rel(t, r), precision=precision, growth=growth_grad, peer=peer)
+
+
+def _time_ssd(impl, f, ins, gy, shape, copy, note=""):
+    "ssd's forward and forward + backward rows for one implementation f(x, dt, A, B, C)."
     fwd_bytes, bwd_bytes = model_bytes("ssd", "fwd", shape), model_bytes("ssd", "bwd", shape)
-    xs = [t.clone().requires_grad_() for t in (x, dt, A, B, C)]
-    for impl, backend in [("ssm_course (triton)", "triton"), ("ssm_course (torch chunked)", "torch")]:
-        record("ssd fwd", impl, shape, timeit(lambda: ssd(x, dt, A, B, C, chunk_size=64, backend=backend)), fwd_bytes, copy)
-        y = ssd(*xs, chunk_size=64, backend=backend)
-        record("ssd bwd", impl, shape, timeit(lambda: torch.autograd.grad(y, xs, gy, retain_graph=True)), bwd_bytes, copy)
-        del y
-        record("ssd fwd+bwd", impl, shape, timeit(lambda: torch.autograd.grad(ssd(*xs, chunk_size=64, backend=backend), xs, gy)), fwd_bytes + bwd_bytes, copy)
-    try:
-        from fla.ops.simple_gla import chunk_simple_gla
-        # simple GLA: q = C, k = B, v = dt x, g = dt A (log decay per head and step); its own layout, built outside the timed region
-        q, k = C.expand(b, l, h, n).contiguous().requires_grad_(), B.expand(b, l, h, n).contiguous().requires_grad_()
-        v, gl = (x * dt[..., None]).contiguous().requires_grad_(), (dt * A).contiguous().requires_grad_()
-        note = "q = C, k = B, v = dt x, g = dt A; GB/s: the Triton kernels' bytes"
-        record("ssd fwd", "fla chunk_simple_gla", shape, timeit(lambda: chunk_simple_gla(q, k, v, gl, scale=1.0)), fwd_bytes, copy, note=note)
-        record("ssd fwd+bwd", "fla chunk_simple_gla", shape, timeit(lambda: torch.autograd.grad(chunk_simple_gla(q, k, v, gl, scale=1.0)[0], (q, k, v, gl), gy)), fwd_bytes + bwd_bytes, copy, note=note)
-    except Exception as e: RESULTS["errors"].append(f"fla simple_gla: {e}")
+    record("ssd fwd", impl, shape, timeit(lambda: f(*ins)), fwd_bytes, copy, note=note)
+    xs = [t.detach().clone().requires_grad_() for t in ins]
+    record("ssd fwd+bwd", impl, shape, timeit(lambda: torch.autograd.grad(f(*xs), xs, gy)), fwd_bytes + bwd_bytes, copy, note=note)
 
 
-PEERS = ("accelerated-scan", "fla-core", "mambapy", "einops", "fastcore", "tqdm")
+@guarded("ssd", budget=60)
+def bench_ssd(copy):
+    from ssm_course.ssd import ssd
+    shape, ins, gy, sl = _ssd_case()
+    # The full length against the float64 chunked PyTorch path on batch 0 and 4 heads, forward and every gradient. float32
+    # inputs, tf32x3 dots: observed <= 3 eps (y) and 24 eps (gradients; A's sums over every step) in the interpreter;
+    # bfloat16 inputs: y within 1 ulp
+    hs = sl(ins)[0].shape[2]
+    ref = _ssd_reference(sl(ins), gy[:1, :, :hs])
+    ours = lambda chunk: (lambda *t: ssd(*t, chunk_size=chunk, backend="triton"))
+    _check_ssd(f"ssd {tuple(shape)}", ours(64), sl(ins), gy[:1, :, :hs], ref, "float32", 16, 128)
+    bshape, bins, bgy, _ = _ssd_case(torch.bfloat16)
+    bref = _ssd_reference(sl(bins), bgy[:1, :, :hs])
+    check(f"ssd y bf16 {tuple(shape)}", rel(ssd(*sl(bins), chunk_size=64, backend="triton"), bref[0]), precision="bfloat16", growth=1)
+    save()
+    _time_ssd("ssm_course (triton)", ours(64), ins, gy, shape, copy, note="chunk 64")
+    _time_ssd("ssm_course (torch chunked)", lambda *t: ssd(*t, chunk_size=64, backend="torch"), ins, gy, shape, copy, note="chunk 64")
+    _time_ssd("ssm_course (triton) bf16", ours(64), bins, bgy, shape, copy, note="chunk 64; bfloat16 inputs")
+    try: _time_ssd("ssm_course (triton)", ours(256), ins, gy, shape, copy, note="chunk 256 (Mamba-2's default)")
+    except Exception as e: RESULTS["errors"].append(f"ssd chunk 256: {type(e).__name__}: {e}")
+
+
+@guarded("ssd peers", budget=90)
+def bench_ssd_peers(copy):
+    """mamba-ssm's mamba_chunk_scan_combined (chunk 256, as Mamba-2 calls it) and fla's chunk_simple_gla, float32 and
+    bfloat16: each checked at the full length against float64 on the slice ours is checked on, then timed. Their first
+    calls (untimed) autotune; the section stops after its budget, keeping every row it recorded."""
+    shape, ins, gy, sl = _ssd_case()
+    bshape, bins, bgy, _ = _ssd_case(torch.bfloat16)
+    hs = sl(ins)[0].shape[2]
+    ref, bref = _ssd_reference(sl(ins), gy[:1, :, :hs]), _ssd_reference(sl(bins), bgy[:1, :, :hs])
+    cases = [("mamba-ssm mamba_chunk_scan_combined", lambda *t: peers.mamba_ssd(*t, chunk_size=min(256, shape[1])), "chunk 256; "),
+             ("fla chunk_simple_gla", peers.fla_simple_gla, "q = C, k = B, v = dt x, g = dt A; ")]
+    for impl, f, note in cases:
+        try:
+            # their float32 dots are TF32 (Triton's default for tl.dot on float32): the tolerance is TF32's, as for agreement
+            t0 = time.time()
+            _check_ssd(f"{impl} {tuple(shape)}", f, sl(ins), gy[:1, :, :hs], ref, "tf32", 16, 128, peer=True)
+            if SMOKE: RESULTS["notes"].append(f"{impl} bf16: not checked under the interpreter, whose bfloat16 tl.dot is wrong (GPU.md)")
+            else: _check_ssd(f"{impl} bf16 {tuple(shape)}", f, sl(bins), bgy[:1, :, :hs], bref, "bfloat16", 8, 64, peer=True)
+            f(*ins); f(*bins)  # autotuning at the timed shapes, outside the timing
+            note += f"first calls (autotuning) {time.time() - t0:.0f} s; GB/s: the Triton kernels' bytes"
+            _time_ssd(impl, f, ins, gy, shape, copy, note=note)
+            _time_ssd(impl + " bf16", f, bins, bgy, shape, copy, note=note)
+        except Exception as e: RESULTS["errors"].append(f"{impl}: {type(e).__name__}: {str(e)[:300]}")
+        save()
+
+
+@guarded("selective step", budget=20)
+def bench_step(copy):
+    """One decoding step of the selective SSM, state (b, d, n) = SELECTIVE_SHAPE's: mamba-ssm's selective_state_update
+    (Triton) against ours, selective_scan over one step with the state carried (triton and torch backends), each checked
+    against the float64 closed form exp(dt A) h + dt x B, y = C . h + D x."""
+    from ssm_course.selective import selective_scan
+    from ssm_course.triton_ssm import SELECTIVE_SHAPE
+    b, d, n, _ = (2, 4, 4, 1) if SMOKE else SELECTIVE_SHAPE
+    g = torch.Generator(device=DEV).manual_seed(0)
+    h0, x, D = torch.randn(b, d, n, device=DEV, generator=g), torch.randn(b, d, device=DEV, generator=g), torch.randn(d, device=DEV, generator=g)
+    dt, A = 0.1 * torch.rand(b, d, device=DEV, generator=g), -torch.exp(torch.randn(d, n, device=DEV, generator=g))
+    B, C = torch.randn(b, n, device=DEV, generator=g), torch.randn(b, n, device=DEV, generator=g)
+    hd = torch.exp(dt.double()[..., None] * A.double()) * h0.double() + (dt.double() * x.double())[..., None] * B.double()[:, None]
+    yd = (hd * C.double()[:, None]).sum(-1) + D.double() * x.double()
+    shape, nbytes = [b, d, n, 1], 4 * (2 * b * d * n + d * n + 4 * b * d + 2 * b * n)  # read h, A, x, dt, B, C, D; write h, y
+    def ours(backend):
+        def f():
+            y, h = selective_scan(x[..., None], dt[..., None], A, B[..., None], C[..., None], D, initial_state=h0, return_last_state=True, backend=backend)
+            return y[..., 0], h
+        return f
+    impls = [("ssm_course selective_scan, 1 step (triton)", ours("triton")), ("ssm_course selective_scan, 1 step (torch)", ours("torch"))]
+    def mamba():
+        h = h0.clone()
+        return peers.mamba_step(h, x, dt, A, B, C, D), h
+    try: peers.mamba_ssm(); impls.append(("mamba-ssm selective_state_update", mamba))
+    except ImportError as e: RESULTS["errors"].append(f"mamba-ssm: {e}")
+    for impl, f in impls:
+        try:
+            y, h = f()
+            check(f"{impl} y {tuple(shape)}", rel(y, yd), precision="float32", growth=4, peer=impl.startswith("mamba"))
+            check(f"{impl} state {tuple(shape)}", rel(h, hd), precision="float32", growth=4, peer=impl.startswith("mamba"))
+            record("selective step", impl, shape, timeit(f), nbytes, copy, note="the state copied first in mamba-ssm's (it updates in place)" if impl.startswith("mamba") else "")
+        except Exception as e: RESULTS["errors"].append(f"{impl}: {type(e).__name__}: {str(e)[:300]}")
+
+
+PEERS = ("accelerated-scan", "fla-core", "mamba-ssm", "mambapy", "einops", "packaging", "fastcore", "tqdm")
 
 
 def versions():
@@ -385,6 +502,10 @@ def markdown():
     head = (f"Measured {v.get('date')} on {v.get('gpu', 'CPU (smoke test)')}, driver {v.get('driver')}, torch {v['torch']}, triton {v['triton']}"
             + (f"; copy bandwidth {copy:.0f} GB/s" if copy else "") + ".")
     if RESULTS["skipped"]: head += "\n\nSkipped (time budget): " + "; ".join(RESULTS["skipped"]) + "."
+    if RESULTS["notes"]: head += "\n\nNotes: " + "; ".join(RESULTS["notes"]) + "."
+    checks = [f"| {n} | {'ours' if k == 'checks' else 'peer'} | {c['max_rel_err']:.1e} | {c['tol']:.1e} | {'OK' if c['ok'] else 'FAIL'} |"
+              for k in ("checks", "peer_checks") for n, c in RESULTS[k].items()]
+    if checks: head += "\n\nChecks against float64 at the full length (max error relative to the largest value):\n\n| check | whose | error | tolerance | |\n|---|---|---|---|---|\n" + "\n".join(checks)
     return head + "\n\n" + table()
 
 
@@ -415,7 +536,10 @@ def main():
     save()
     # The op timings first, then the training steps, then the scan configuration sweep: what is skipped when time runs
     # out is the least needed.
-    for section in (bench_scan, bench_kernel_diag, bench_selective, bench_ssd): section(copy)
+    if SMOKE:  # the interpreter cannot benchmark autotune configs: the peers' first configs
+        try: peers.mamba_ssm(); import mamba_ssm.ops.triton.ssd_combined, mamba_ssm.ops.triton.selective_state_update; print("pinned", peers.pin_autotune("mamba_ssm"), "mamba-ssm autotune(s)", flush=True)
+        except ImportError: pass
+    for section in (bench_scan, bench_kernel_diag, bench_selective, bench_ssd, bench_step, bench_ssd_peers): section(copy)
     train_steps()
     if not SMOKE: tune_scan(copy)
     loaded_kernels()

@@ -272,3 +272,48 @@ def test_triton_engine_does_not_import_the_public_module():
             "assert 'ssm_course.triton_scan' not in sys.modules, 'the engine imported the public module'\n"
             "import ssm_course.triton_scan as T\nassert T.CONFIG is E.CONFIG and 'CONFIG' in T.__all__ and T._scan_dtype is E._scan_dtype\n")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+
+
+# ---- issue 29 item 7: the peers bench/gpu.py times, called as it calls them, on tiny shapes in the interpreter ------------------------
+def _bench_peers():
+    "bench/peers.py, imported from its path (bench/ is not a package)."
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("bench_peers", Path(__file__).resolve().parents[1] / "bench" / "peers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try: mod.mamba_ssm()
+    except ImportError as e: pytest.skip(str(e))  # a reader's make test: mamba-ssm is no dependency of the course
+    import mamba_ssm.ops.triton.ssd_combined, mamba_ssm.ops.triton.selective_state_update
+    assert mod.pin_autotune("mamba_ssm") >= 0  # first configs only: the interpreter cannot benchmark several
+    return mod
+
+
+def test_mamba_ssm_ssd_call_path():
+    """mamba-ssm's mamba_chunk_scan_combined, as bench/gpu.py calls it on ssd's arguments (chunk 16, three chunks), agrees
+    with the float64 chunked PyTorch ssd, forward and every gradient (observed 1.3e-7 and <= 2.4e-7 relative)."""
+    peers = _bench_peers()
+    g = torch.Generator().manual_seed(0)
+    b, l, h, p, n = 1, 48, 2, 4, 4
+    x, B, C = torch.randn(b, l, h, p, generator=g), torch.randn(b, l, 1, n, generator=g), torch.randn(b, l, 1, n, generator=g)
+    dt, A = F.softplus(torch.randn(b, l, h, generator=g) - 2), -torch.exp(torch.randn(h, generator=g))
+    gy = torch.randn(b, l, h, p, generator=g)
+    xs = [t.clone().requires_grad_() for t in (x, dt, A, B, C)]
+    xd = [t.double().requires_grad_() for t in (x, dt, A, B, C)]
+    y, yd = peers.mamba_ssd(*xs, chunk_size=16), ssd(*xd, chunk_size=16, backend="torch")
+    assert y.shape == yd.shape and rel(y, yd) < 1e-6
+    for got, want in zip(torch.autograd.grad(y, xs, gy), torch.autograd.grad(yd, xd, gy.double())): assert rel(got, want) < 1e-6
+
+
+def test_mamba_ssm_step_call_path():
+    """mamba-ssm's selective_state_update, as bench/gpu.py calls it: the state (b, d, n) updated in place to
+    exp(dt A) h + dt x B and y = C . h + D x, against the float64 closed form (observed 6.3e-8 relative)."""
+    peers = _bench_peers()
+    g = torch.Generator().manual_seed(1)
+    b, d, n = 2, 4, 8
+    h0, x, D = torch.randn(b, d, n, generator=g), torch.randn(b, d, generator=g), torch.randn(d, generator=g)
+    dt, A, B, C = 0.1 * torch.rand(b, d, generator=g), -torch.exp(torch.randn(d, n, generator=g)), torch.randn(b, n, generator=g), torch.randn(b, n, generator=g)
+    h = h0.clone()
+    y = peers.mamba_step(h, x, dt, A, B, C, D)
+    hd = torch.exp(dt.double()[..., None] * A.double()) * h0.double() + (dt.double() * x.double())[..., None] * B.double()[:, None]
+    assert rel(h, hd) < 5e-7 and rel(y, (hd * C.double()[:, None]).sum(-1) + D.double() * x.double()) < 5e-7
