@@ -1,5 +1,6 @@
 """ssm_course.checks: the shared boundary checks (nbs/engine/checks.ipynb)."""
 import subprocess, sys
+import pytest
 
 import torch
 from hypothesis import given, settings, strategies as st
@@ -50,3 +51,19 @@ def test_check_same_device():
     with pytest.raises(ValueError, match=r"c is on device meta but a is on cpu: all tensors of one call must be on one device \(move c with .to\('cpu'\)\)"):
         check_same_device(a=torch.ones(2), b=torch.ones(2), c=torch.ones(2, device="meta"))
     with pytest.raises(ValueError, match=r"dt is on device meta but a is on cpu"): check_same_device(a=torch.ones(2), dt=torch.tensor(0.1, device="meta"))
+
+
+def test_an_older_triton_is_not_used(monkeypatch):
+    "Triton older than 3.6 (what an older CUDA build of PyTorch pins) counts as unavailable: backend='triton' says which version it "
+    "found and what to do; 3.6 and later (3.10 included: versions compare as numbers) are used. Before, any importable Triton was used."
+    import importlib.metadata, torch
+    from ssm_course import checks
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(checks.importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else None)
+    for version, ok in [("3.4.0", False), ("3.5.1+git", False), ("3.6.0", True), ("3.10.2", True), ("4.0", True)]:
+        monkeypatch.setattr(checks.importlib.metadata, "version", lambda name, v=version: v)
+        assert checks.triton_available() is ok, version
+        if ok: assert checks.resolve_backend("triton", torch.zeros(1)) == "triton"
+        else:
+            with pytest.raises(ValueError, match=rf"needs Triton >= 3.6, found {version[:3]}.*use backend='torch'"):
+                checks.resolve_backend("triton", torch.zeros(1))

@@ -75,3 +75,20 @@ def test_a_module_is_documented_once():
     assert scan.scan.__doc__ == doc and doc.count("Parameters:") == 1
     importlib.reload(scan)
     assert scan.scan.__doc__.count("Parameters:") == 1
+
+
+def test_examples_run_as_doctests():
+    "Every `Example:` section that `checks._document` adds (checks._EXAMPLES) is a doctest that passes in its module's names: the call "
+    "works and prints what the docstring says; each example's object is public and shows it in help()."
+    import doctest, importlib, pydoc
+    from ssm_course.checks import _EXAMPLES
+    assert len(_EXAMPLES) >= 10
+    for key in _EXAMPLES:
+        mod, name = key.rsplit(".", 1)
+        module = importlib.import_module(mod)
+        obj = getattr(module, name)
+        assert name in module.__all__ and "Example:\n    >>> " in obj.__doc__ and ">>> " in pydoc.render_doc(obj, renderer=pydoc.plaintext), key
+        runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+        for t in doctest.DocTestFinder(recurse=False).find(obj, name, globs=dict(vars(module))): runner.run(t)
+        failed, attempted = runner.summarize(verbose=False)
+        assert attempted >= 1 and failed == 0, f"{key}: {failed} of {attempted} example lines failed"

@@ -40,12 +40,24 @@ def test_setup_cell_in_colab_clones_installs_and_moves_to_the_notebook(monkeypat
     monkeypatch.setattr(os.path, "isdir", lambda p: False if p == "/content/ssm_course" else os.path.exists(p))
     moved = []
     monkeypatch.setattr(os, "chdir", moved.append)
-    exec(code, {"get_ipython": lambda: shell})
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ssm_course" else find_spec(name, *a))
+    exec(code, {"get_ipython": lambda: shell})  # a fresh runtime: clone, install, move
     assert calls == [("system", "git clone -q --depth 1 https://github.com/ssm-course/ssm_course /content/ssm_course"),
                      ("pip", 'install -q "/content/ssm_course[colab]"')], calls
     assert moved == ["/content/ssm_course/nbs/engine"]
+    monkeypatch.setattr(os.path, "isdir", lambda p: True)
+    calls.clear(); moved.clear()
+    exec(code, {"get_ipython": lambda: shell})  # cloned, but the install failed: installs again
+    assert calls == [("pip", 'install -q "/content/ssm_course[colab]"')] and moved == ["/content/ssm_course/nbs/engine"]
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    calls.clear(); moved.clear()
+    exec(code, {"get_ipython": lambda: shell})  # cloned and installed: only the move
+    assert calls == [] and moved == ["/content/ssm_course/nbs/engine"]
     # outside Colab nothing is run and the directory is not changed
     monkeypatch.delitem(sys.modules, "google.colab")
+    monkeypatch.setattr(os.path, "isdir", lambda p: False)
     calls.clear(); moved.clear()
     exec(code, {"get_ipython": lambda: shell})
     assert calls == [] and moved == []
@@ -54,6 +66,15 @@ def test_setup_cell_in_colab_clones_installs_and_moves_to_the_notebook(monkeypat
 # what each imported top-level module is called on PyPI; torch, numpy, matplotlib, triton and IPython come with Colab
 DIST = {"sklearn": "scikit-learn", "IPython": None, "torch": None, "numpy": None, "matplotlib": None, "triton": None,
         "torchvision": None}
+
+
+def test_setup_cell_says_how_to_install_when_the_course_is_missing(monkeypatch):
+    "Outside Colab, a kernel without the course gets one line saying what to install, not a bare ModuleNotFoundError."
+    from IPython.core.inputtransformer2 import TransformerManager
+    code = TransformerManager().transform_cell(setup_cell("07_scan.ipynb"))
+    monkeypatch.setitem(sys.modules, "ssm_course._engine.jupyter", None)  # an import of it now fails as if not installed
+    with pytest.raises(ModuleNotFoundError, match=r'ssm_course is not installed for this kernel: run pip install -e "\.\[course\]"'):
+        exec(code, {"get_ipython": lambda: None})
 
 
 def test_colab_extra_covers_what_the_notebooks_import():

@@ -7,11 +7,11 @@ Docs: https://ssm-course.github.io/ssm_course/engine/jupyter.html.md"""
 # %% auto #0
 __all__ = ['SWITCH', 'REPO', 'run_slow', 'is_slow', 'committed_outputs', 'show_committed', 'slow_cells', 'setup_cell']
 
-# %% ../../nbs/engine/jupyter.ipynb #bc36a120
-import json, os, re, sys
+# %% ../../nbs/engine/jupyter.ipynb #f7b9c8a3
+import hashlib, json, os, re, subprocess, sys
 from pathlib import Path
 
-# %% ../../nbs/engine/jupyter.ipynb #22c50e75
+# %% ../../nbs/engine/jupyter.ipynb #a8b5becc
 SWITCH = "SSM_COURSE_RUN_SLOW"
 _FLAG = re.compile(r"^\s*#\|\s*(slow|gpu)\s*$", re.M)
 
@@ -23,19 +23,56 @@ def is_slow(source:str)->bool:
     "Whether a cell's source carries a `#| slow` or `#| gpu` directive line."
     return bool(_FLAG.search(source))
 
-# %% ../../nbs/engine/jupyter.ipynb #605b27a8
-def committed_outputs(source:str, folder=".")->list|None:
-    "The stored outputs of the code cell with this source in a notebook of `folder` (or one level below); None if there is none."
-    want = source.strip()
-    folder = Path(folder)
-    for path in sorted(folder.glob("*.ipynb")) + sorted(folder.glob("*/*.ipynb")):
-        try: cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        except (OSError, ValueError, KeyError): continue
-        for c in cells:
-            if c.get("cell_type") == "code" and "".join(c.get("source", "")).strip() == want: return c.get("outputs", [])
-    return None
+# %% ../../nbs/engine/jupyter.ipynb #d1b2a677
+_NOTICE = ("Slow cell not rerun", "Slow cell skipped")
 
 def _text(v): return "".join(v) if isinstance(v, list) else v
+
+def _committed_text(path:Path)->str|None:
+    "The notebook at `path` as committed in git's HEAD; None outside a git checkout or for a file git does not track."
+    try: r = subprocess.run(["git", "-C", str(path.parent), "show", f"HEAD:./{path.name}"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError): return None
+    return r.stdout if r.returncode == 0 else None
+
+def _find(cells:list, want:str)->list|None:
+    "The outputs of the code cell whose source is `want`, None if there is none."
+    return next((c.get("outputs", []) for c in cells if c.get("cell_type") == "code" and _text(c.get("source", "")).strip() == want), None)
+
+def _clean(outs:list)->list:
+    "Outputs without this helper's notice (from a run a student saved) and without empty displays."
+    keep = []
+    for o in outs:
+        if o.get("output_type") == "stream":
+            text = "".join(l for l in _text(o.get("text", "")).splitlines(keepends=True) if not l.startswith(_NOTICE))
+            if text: keep.append(o if text == _text(o.get("text", "")) else {**o, "text": text})
+        elif o.get("output_type") in ("display_data", "execute_result"):
+            data = {k: v for k, v in o.get("data", {}).items() if _text(v).strip() and _text(v) != "<IPython.core.display.HTML object>"}
+            if data: keep.append(o if len(data) == len(o.get("data", {})) else {**o, "data": data})
+        else: keep.append(o)
+    return keep
+
+def committed_outputs(source:str, folder=".")->list|None:
+    "The committed outputs of the code cell with this source in a notebook of `folder` (or one level below); None if there is none."
+    want, folder = source.strip(), Path(folder)
+    for path in sorted(folder.glob("*.ipynb")) + sorted(folder.glob("*/*.ipynb")):
+        try: outs = _find(json.loads(path.read_text(encoding="utf-8"))["cells"], want)
+        except (OSError, ValueError, KeyError): continue
+        if outs is None: continue
+        head = _committed_text(path)
+        try: committed = _find(json.loads(head)["cells"], want) if head else None
+        except (ValueError, KeyError): committed = None
+        return committed if committed is not None else _clean(outs)
+    return None
+
+def _seconds(source:str, folder)->float|None:
+    "How long the slow cell took when tests/run_notebook.py --slow last ran it (nbs/results/slow_cells.json), if recorded."
+    key = hashlib.sha256(source.strip().encode()).hexdigest()[:16]
+    for f in (Path(folder) / "results" / "slow_cells.json", Path(folder).parent / "results" / "slow_cells.json"):
+        try: times = json.loads(f.read_text())
+        except (OSError, ValueError): continue
+        for cells in times.values():
+            if key in cells: return float(cells[key])
+    return None
 
 def show_committed(source:str, folder="."):
     "Display the committed outputs of the slow cell with this source instead of running it (see `slow_cells`)."
@@ -45,7 +82,10 @@ def show_committed(source:str, folder="."):
         print(f"Slow cell skipped: no notebook in {Path(folder).resolve()} has this cell as committed (edited?). "
               f"Set {SWITCH}=1 (os.environ[{SWITCH!r}] = '1') and run it again to run it.")
         return
-    print(f"Slow cell not rerun: its committed output follows. Set {SWITCH}=1 to rerun it.")
+    s = _seconds(source, folder)
+    took = "" if s is None else f" (it took about {s / 60:.0f} min when last timed)" if s >= 90 else f" (it took about {s:.0f} s when last timed)"
+    print(f"Slow cell not rerun: its committed output follows. Set {SWITCH}=1 to rerun it{took}; "
+          "until then the variables it defines do not exist in this kernel.")
     for o in outs:
         kind = o.get("output_type")
         if kind == "stream": sys.stdout.write(_text(o.get("text", "")))
@@ -53,7 +93,7 @@ def show_committed(source:str, folder="."):
             publish_display_data({k: _text(v) for k, v in o.get("data", {}).items()}, o.get("metadata", {}))
         elif kind == "error": print("\n".join(o.get("traceback", [])))
 
-# %% ../../nbs/engine/jupyter.ipynb #93e3963f
+# %% ../../nbs/engine/jupyter.ipynb #86f0ad6a
 def _skip_slow(lines:list)->list:
     "IPython input transformer: a slow cell becomes `show_committed(source)` unless `SSM_COURSE_RUN_SLOW` is set."
     source = "".join(lines)
@@ -70,19 +110,23 @@ def slow_cells(ip=None):
     if not any(getattr(t, "__name__", "") == "_skip_slow" for t in ip.input_transformers_cleanup):
         ip.input_transformers_cleanup.append(_skip_slow)
 
-# %% ../../nbs/engine/jupyter.ipynb #73949229
+# %% ../../nbs/engine/jupyter.ipynb #0f02779c
 REPO = "https://github.com/ssm-course/ssm_course"
 
 def setup_cell(path:str)->str:
     "The hidden first code cell of the notebook at `path` (relative to nbs/, e.g. '07_scan.ipynb' or 'engine/scan.ipynb')."
-    folder = "/content/ssm_course/nbs" + ("/" + str(Path(path).parent) if str(Path(path).parent) != "." else "")
+    parent = Path(path).parent.as_posix()
+    folder = "/content/ssm_course/nbs" + ("" if parent == "." else "/" + parent)
     return f'''#| hide
-# Colab: fetch the course and install what its notebooks import (elsewhere nothing happens). Slow cells show their
-# committed results; set SSM_COURSE_RUN_SLOW=1 to rerun them (see the landing page).
-import os, sys
+# Colab: fetch the course and install what its notebooks import (elsewhere only the last lines run). Slow cells show
+# their committed results; set SSM_COURSE_RUN_SLOW=1 to rerun them (see the landing page).
+import os, sys, importlib.util
 if "google.colab" in sys.modules:
     if not os.path.isdir("/content/ssm_course"):
         !git clone -q --depth 1 {REPO} /content/ssm_course
+    if importlib.util.find_spec("ssm_course") is None:  # pip may warn that Colab's fastai wants an older fastcore: harmless here
         %pip install -q "/content/ssm_course[colab]"
     os.chdir("{folder}")
-from ssm_course._engine.jupyter import slow_cells; slow_cells()'''
+try: from ssm_course._engine.jupyter import slow_cells
+except ModuleNotFoundError: raise ModuleNotFoundError('ssm_course is not installed for this kernel: run pip install -e ".[course]" in the repository, then restart the kernel') from None
+slow_cells()'''
