@@ -41,10 +41,18 @@ def page_name(nb: Path) -> str:
     return f"{ENGINE}/{name}" if nb.parent.name == ENGINE else name
 
 
+def lesson_served(nb: Path) -> str:
+    "The number of the lesson an engine notebook serves: the first `../NN_name` link of its opening cells ('99' if none)."
+    cells = json.loads(nb.read_text(encoding="utf-8"))["cells"][:5]
+    m = re.search(r"\]\(\.\./(\d\d[a-z]?)_", "\n".join(_text(c["source"]) for c in cells if c["cell_type"] == "markdown"))
+    return m[1] if m else "99"
+
+
 def notebooks(nbs_path: Path):
-    "The course's notebooks in course order: the landing page first, then the lessons by number, then the engine notebooks."
+    """The course's notebooks in course order: the landing page first, then the lessons by number, then the engine
+    notebooks in the order of the lessons they serve."""
     nbs = sorted(p for p in nbs_path.glob("*.ipynb") if not p.name.startswith(("_", ".")))
-    engine = sorted(p for p in (nbs_path / ENGINE).glob("*.ipynb") if not p.name.startswith(("_", ".")))
+    engine = sorted((p for p in (nbs_path / ENGINE).glob("*.ipynb") if not p.name.startswith(("_", "."))), key=lambda p: (lesson_served(p), p.name))
     return sorted(nbs, key=lambda p: (p.name != "index.ipynb", p.name)) + engine
 
 
@@ -395,7 +403,9 @@ def nb_to_markdown(nb: dict, link_fn, images: Images, wrap_outputs=True) -> tupl
             for o in _merge_streams(cell.get("outputs", [])):
                 md = _output_md(o, images, fig, asis=asis)
                 if not md: continue
-                if asis and re.match(r"\s*show_doc\(", code): md = api_entry(md, linkify=_linkify)
+                # links rewritten inside the table's cells before it is laid out: rewritten after, a row would be shorter
+                # than its grid and pandoc would show its closing `|` as text
+                if asis and re.match(r"\s*show_doc\(", code): md = api_entry(md, linkify=lambda d: link_fn(_linkify(d)))
                 if asis or "text/markdown" in o.get("data", {}) or "text/html" in o.get("data", {}): md = link_fn(md)
                 outs.append(md)
             if outs and wrap_outputs and not asis: out.append('<div class="cell-output">\n\n' + "\n\n".join(outs) + "\n\n</div>")

@@ -159,7 +159,7 @@ BACKENDS = ("auto", "torch", "triton")
 
 TRITON_MIN = (3, 6)  # the oldest Triton the kernels are tested with (`make test-triton36`)
 
-def triton_version()->tuple|None:
+def triton_version()->tuple|None: # (major, minor), or None without Triton
     "The installed Triton's (major, minor), read from its package metadata without importing it; None if it is not installed."
     if importlib.util.find_spec("triton") is None: return None
     try: v = importlib.metadata.version("triton")
@@ -167,7 +167,7 @@ def triton_version()->tuple|None:
     parts = [int(p) for p in re.findall(r"\d+", v)[:2]]
     return tuple(parts + [0] * (2 - len(parts)))
 
-def triton_available()->bool:
+def triton_available()->bool: # True when Triton 3.6 or later is installed
     "Whether a Triton the kernels support (3.6 or later) can be imported: an older one, such as the one an older CUDA build of PyTorch pins, is not used."
     v = triton_version()
     return v is not None and v >= TRITON_MIN

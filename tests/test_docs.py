@@ -717,6 +717,10 @@ def test_api_entries_have_parameter_tables(site):
                 tables += 1
                 table = re.search(r'<div class="params">(.*?)</div>', sec, re.S)[1]
                 assert "$" not in re.sub(r"<annotation.*?</annotation>", "", table), f"{page.name}#{sid}: untypeset TeX"
+                cells = [re.sub(r"\s+", " ", html.unescape(re.sub(r"<annotation.*?</annotation>|<[^>]+>", "", c))).strip()
+                         for c in re.findall(r"<td[^>]*>(.*?)</td>", table, re.S)]
+                # a grid-table row shorter than its grid (a link rewritten after layout) shows its closing `|` as text
+                assert not [c for c in cells if c.endswith("|")], f"{page.name}#{sid}: a stray '|' ends a cell: {[c for c in cells if c.endswith('|')]}"
     assert entries >= 100 and tables >= entries - 5, (entries, tables)
     hippo = re.search(r'<section id="hippo" class="level3 api">(.*?)</section>', (site / "hippo.html").read_text(), re.S)[1]
     ret = re.search(r"<tr>\s*<td[^>]*><strong>Returns</strong></td>(.*?)</tr>", hippo, re.S)[1].replace("<wbr>", "")
@@ -854,3 +858,12 @@ def test_quarto_option_check():
     assert build.quarto_option_errors(nb) == [1]
     bad = {p.name: e for p in sorted((ROOT / "nbs").rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts if (e := build.quarto_option_errors(json.loads(p.read_text())))}
     assert not bad, f"cells whose options Quarto cannot read: {bad}"  # and the course's own notebooks have none
+
+
+def test_engine_pages_follow_the_lessons_they_serve():
+    "The sidebar lists the engine notebooks in the order of the lessons they serve (by file name, 'the checks behind lesson 02' came "
+    "before lesson 01's and 'running the notebooks' sat among them)."
+    engine = [p for p in build.notebooks(ROOT / "nbs") if p.parent.name == "engine"]
+    served = [build.lesson_served(p) for p in engine]
+    assert "99" not in served and served == sorted(served), list(zip([p.stem for p in engine], served))
+    assert engine[0].stem == "jupyter" and [p.stem for p in engine].index("ssm") < [p.stem for p in engine].index("discretize")

@@ -7,23 +7,25 @@ Docs: https://ssm-course.github.io/ssm_course/engine/jupyter.html.md"""
 # %% auto #0
 __all__ = ['SWITCH', 'REPO', 'run_slow', 'is_slow', 'committed_outputs', 'show_committed', 'slow_cells', 'setup_cell']
 
-# %% ../../nbs/engine/jupyter.ipynb #f7b9c8a3
+# %% ../../nbs/engine/jupyter.ipynb #c9499c42
 import hashlib, json, os, re, subprocess, sys
 from pathlib import Path
 
-# %% ../../nbs/engine/jupyter.ipynb #a8b5becc
+# %% ../../nbs/engine/jupyter.ipynb #e538d88a
 SWITCH = "SSM_COURSE_RUN_SLOW"
 _FLAG = re.compile(r"^\s*#\|\s*(slow|gpu)\s*$", re.M)
 
-def run_slow()->bool:
+def run_slow()->bool: # True when slow cells rerun
     "Whether slow cells rerun: the environment variable `SSM_COURSE_RUN_SLOW` set to anything but '' or '0'."
     return os.environ.get(SWITCH, "").strip() not in ("", "0")
 
-def is_slow(source:str)->bool:
+def is_slow(
+    source:str, # a code cell's source
+)->bool: # True for a `#| slow` or `#| gpu` cell
     "Whether a cell's source carries a `#| slow` or `#| gpu` directive line."
     return bool(_FLAG.search(source))
 
-# %% ../../nbs/engine/jupyter.ipynb #d1b2a677
+# %% ../../nbs/engine/jupyter.ipynb #687f09a6
 _NOTICE = ("Slow cell not rerun", "Slow cell skipped")
 
 def _text(v): return "".join(v) if isinstance(v, list) else v
@@ -51,7 +53,10 @@ def _clean(outs:list)->list:
         else: keep.append(o)
     return keep
 
-def committed_outputs(source:str, folder=".")->list|None:
+def committed_outputs(
+    source:str, # the slow cell's source, as Jupyter sends it
+    folder=".", # where its notebook is: the kernel's working directory
+)->list|None: # its outputs in the notebook's JSON form, None if no notebook has the cell
     "The committed outputs of the code cell with this source in a notebook of `folder` (or one level below); None if there is none."
     want, folder = source.strip(), Path(folder)
     for path in sorted(folder.glob("*.ipynb")) + sorted(folder.glob("*/*.ipynb")):
@@ -74,7 +79,10 @@ def _seconds(source:str, folder)->float|None:
             if key in cells: return float(cells[key])
     return None
 
-def show_committed(source:str, folder="."):
+def show_committed(
+    source:str, # the slow cell's source, as Jupyter sends it
+    folder=".", # where its notebook is: the kernel's working directory
+):
     "Display the committed outputs of the slow cell with this source instead of running it (see `slow_cells`)."
     from IPython.display import publish_display_data
     outs = committed_outputs(source, folder)
@@ -93,14 +101,16 @@ def show_committed(source:str, folder="."):
             publish_display_data({k: _text(v) for k, v in o.get("data", {}).items()}, o.get("metadata", {}))
         elif kind == "error": print("\n".join(o.get("traceback", [])))
 
-# %% ../../nbs/engine/jupyter.ipynb #86f0ad6a
+# %% ../../nbs/engine/jupyter.ipynb #04976353
 def _skip_slow(lines:list)->list:
     "IPython input transformer: a slow cell becomes `show_committed(source)` unless `SSM_COURSE_RUN_SLOW` is set."
     source = "".join(lines)
     if run_slow() or not is_slow(source): return lines
     return [f"__import__('ssm_course._engine.jupyter', fromlist=['show_committed']).show_committed({source!r}, {os.getcwd()!r})\n"]
 
-def slow_cells(ip=None):
+def slow_cells(
+    ip=None, # the IPython shell (default: the running one; nothing happens outside IPython)
+):
     "Make this kernel's slow cells show their committed outputs unless `SSM_COURSE_RUN_SLOW` is set (the notebooks' first cell calls it)."
     if ip is None:
         try: from IPython import get_ipython
@@ -110,10 +120,12 @@ def slow_cells(ip=None):
     if not any(getattr(t, "__name__", "") == "_skip_slow" for t in ip.input_transformers_cleanup):
         ip.input_transformers_cleanup.append(_skip_slow)
 
-# %% ../../nbs/engine/jupyter.ipynb #0f02779c
+# %% ../../nbs/engine/jupyter.ipynb #73d8f313
 REPO = "https://github.com/ssm-course/ssm_course"
 
-def setup_cell(path:str)->str:
+def setup_cell(
+    path:str, # the notebook, relative to nbs/
+)->str: # the cell's source
     "The hidden first code cell of the notebook at `path` (relative to nbs/, e.g. '07_scan.ipynb' or 'engine/scan.ipynb')."
     parent = Path(path).parent.as_posix()
     folder = "/content/ssm_course/nbs" + ("" if parent == "." else "/" + parent)
