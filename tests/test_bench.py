@@ -128,3 +128,36 @@ def test_accelerators_off_reaches_the_path_the_op_takes(op, monkeypatch):
     for m in mods: monkeypatch.setattr(m, attr, Raising())
     with pytest.raises(Used): f()
     assert rel_diff(off(), ref) < 5e-7
+
+
+def test_sweep_records_every_point_with_its_spread():
+    "`sweep` evaluates each case at each of its shapes (checked against float64 first), records op, shape, L and the per-round ratios to the"
+    " best peer; the default SWEEP spans L = 128 .. 16384 for every case with a peer, and includes notebook 13b's shapes."
+    from ssm_course.bench import sweep, SWEEP, case_causal_conv, case_scan, case_selective, TORCH_LOOP
+    res = sweep(rounds=2, min_run_time=0.005, cases=[case_causal_conv, case_scan, case_selective], progress=False,
+                shapes={"case_causal_conv": [(2, 3, 128), (1, 2, 1000)], "case_scan": [(2, 3, 64)], "case_selective": [(1, 4, 2, 32)]})
+    assert [(p["op"], p["shape"], p["L"]) for p in res["points"]] == [("causal_conv", [2, 3, 128], 128), ("causal_conv", [1, 2, 1000], 1000),
+                                                                   ("scan", [2, 3, 64], 64), ("selective", [1, 4, 2, 32], 32)]
+    for p in res["points"]:
+        assert p["agree"] and set(p["round_over_best_peer"]) == set(p["seconds"])
+        assert all(len(r) == 2 for r in p["round_over_best_peer"].values()) and p["round_over_best_peer"][p["best_peer"]] == [1.0, 1.0]
+    assert "torch.fft, n = 2L" in res["points"][0]["seconds"] and TORCH_LOOP in res["points"][2]["seconds"] and TORCH_LOOP in res["points"][3]["seconds"]
+    from ssm_course.bench import CASES, _length
+    assert {f.__name__ for f in CASES} == set(SWEEP)
+    for f in CASES:
+        L, k = [_length(f, s) for s in SWEEP[f.__name__]], f.__name__
+        if "mamba_block" in k or "lru" in k: assert L == [256, 1024, 4096], k  # issue 32's layer lengths
+        else: assert min(L) == 128 and (max(L) >= 16384 or k in ("case_ssd", "case_layers")), k  # SSD's quadratic form and the layers stop at 2048, 4096
+    assert (32, 32, 128) in SWEEP["case_causal_conv"] and (32, 64, 16, 128) in SWEEP["case_selective"] and (32, 128, 32) in SWEEP["case_layers"]
+
+
+def test_cli_sweep_writes_every_point(tmp_path, monkeypatch, capsys):
+    "`python -m ssm_course.bench --sweep --out F` runs `sweep` and writes its points."
+    import ssm_course.bench as b
+    monkeypatch.setattr(b, "SWEEP", {"case_scan_lti": [(2, 64)]})
+    monkeypatch.setattr(b, "CASES", [b.case_scan_lti])
+    out = tmp_path / "sweep.json"
+    res = b.main(["--sweep", "--rounds", "1", "--out", str(out)])
+    got = json.loads(out.read_text())
+    assert got["mode"] == "sweep" and [p["shape"] for p in got["points"]] == [[2, 64]] and res["points"][0]["agree"]
+    assert "| scan_lti | (2, 64) |" in capsys.readouterr().out

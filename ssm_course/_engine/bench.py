@@ -32,7 +32,7 @@ def _caches()->dict:
     return out
 
 _NEEDED = {"scipy": "scipy"}  # module: distribution, what the cases' references need (scipy.signal for the LTI scan and causal_conv)
-_PEERS = {"accelerated_scan": "accelerated-scan", "mambapy": "mambapy", "numba": "numba", "ducc0": "ducc0"}  # optional: timed when installed
+_PEERS = {"accelerated_scan": "accelerated-scan", "mambapy": "mambapy", "LRU_pytorch": "lru-pytorch", "numba": "numba", "ducc0": "ducc0"}  # optional: timed when installed
 
 def _missing(modules:dict)->list:
     "The distributions of `modules` ({module: distribution}) that are not installed (found without importing them)."
