@@ -23,7 +23,7 @@ def ssm_recurrence(
     u:Tensor, # input, time last, (..., L)
     x0:Tensor|None=None, # initial state $x_{-1}$, (..., N); zero if None
     return_state:bool=False, # also return the final state $x_{L-1}$
-): # y (..., L), or (y, $x_{L-1}$) with `return_state`
+)->Tensor|tuple: # y (..., L), or (y, $x_{L-1}$) with `return_state`
     r"The sequential reference: $x_k = \bar A x_{k-1} + \bar B u_k$, $y_k = C x_k$ for $k = 0, \dots, L-1$, in the inputs' promoted precision (half in float32), whatever the caller's autocast."
     Ad, Bd, C, u, x0, batch, out = _check_recurrence(Ad, Bd, C, u, x0)  # checked, in one dtype; batch: the broadcast leading dims
     x = torch.zeros(*batch, Ad.shape[-1], dtype=u.dtype, device=u.device)  # x_{-1} = 0, ...

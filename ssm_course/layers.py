@@ -74,7 +74,7 @@ class S4D(nn.Module):
                 x:Tensor, # (batch, length, H), in the parameters' precision, float32 or float64 (bfloat16 and float16 count as float32); the output has x's dtype
                 state:Tensor|None=None, # the state to continue from (default: zero)
                 return_state:bool=False, # also return the final state
-               ):
+               )->Tensor|tuple: # y (batch, length, H) in x's dtype, or (y, the final state) with `return_state`
         "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
         u = _f32(_check_x(x, self.d_model, like=self.D)).transpose(1, 2)  # (b, H, L)
         if state is not None: _check_state(state, (x.shape[0], *self.im.shape), like=self.D)
@@ -91,7 +91,7 @@ class S4D(nn.Module):
     def step(self,
              x_t:Tensor, # (batch, H), one time step; dtypes as in `forward`
              state:Tensor, # (batch, H, N/2)
-            ): # (y_t (batch, H), the new state)
+            )->tuple: # (y_t (batch, H), the new state)
         "One step of the recurrence."
         u = _f32(_check_x(x_t, self.d_model, "x_t", ndim=2, like=self.D))
         _check_state(state, (x_t.shape[0], *self.im.shape), like=self.D)
@@ -175,7 +175,7 @@ class S4(nn.Module):
                 x:Tensor, # (batch, length, H), in the parameters' precision, float32 or float64 (bfloat16 and float16 count as float32); the output has x's dtype
                 state:Tensor|None=None, # the state to continue from (default: zero)
                 return_state:bool=False, # also return the final state
-               ):
+               )->Tensor|tuple: # y (batch, length, H) in x's dtype, or (y, the final state) with `return_state`
         "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
         u = _f32(_check_x(x, self.d_model, like=self.D)).transpose(1, 2)  # (b, H, L)
         if state is not None: _check_state(state, (x.shape[0], *self.im.shape), like=self.D)
@@ -196,7 +196,7 @@ class S4(nn.Module):
     def step(self,
              x_t:Tensor, # (batch, H), one time step; dtypes as in `forward`
              state:Tensor, # (batch, H, N)
-            ): # (y_t (batch, H), the new state)
+            )->tuple: # (y_t (batch, H), the new state)
         "One step of the recurrence in $O(Nr)$ per channel (`dplr_bilinear_step`), without forming $\\bar A$."
         u = _f32(_check_x(x_t, self.d_model, "x_t", ndim=2, like=self.D))
         _check_state(state, (x_t.shape[0], *self.im.shape), like=self.D)
@@ -247,7 +247,7 @@ class DSS(nn.Module):
                 x:Tensor, # (batch, length, H), in the parameters' precision, float32 or float64 (bfloat16 and float16 count as float32); the output has x's dtype
                 state:Tensor|None=None, # the state to continue from (default: zero)
                 return_state:bool=False, # also return the final state
-               ):
+               )->Tensor|tuple: # y (batch, length, H) in x's dtype, or (y, the final state) with `return_state`
         "The whole sequence: kernel, FFT convolution and skip (plus the free response of `state`)."
         u = _f32(_check_x(x, self.d_model, like=self.D)).transpose(1, 2)  # (b, H, L)
         if state is not None: _check_state(state, (x.shape[0], *self.im.shape), like=self.D)
@@ -264,7 +264,7 @@ class DSS(nn.Module):
     def step(self,
              x_t:Tensor, # (batch, H), one time step; dtypes as in `forward`
              state:Tensor, # (batch, H, N/2)
-            ): # (y_t (batch, H), the new state)
+            )->tuple: # (y_t (batch, H), the new state)
         "One step of the recurrence."
         u = _f32(_check_x(x_t, self.d_model, "x_t", ndim=2, like=self.D))
         _check_state(state, (x_t.shape[0], *self.im.shape), like=self.D)
@@ -312,7 +312,7 @@ class LRU(nn.Module):
                 x:Tensor, # (batch, length, H), in the parameters' precision, float32 or float64 (bfloat16 and float16 count as float32); the output has x's dtype
                 state:Tensor|None=None, # the state to continue from (default: zero)
                 return_state:bool=False, # also return the final state
-               ):
+               )->Tensor|tuple: # y (batch, length, H) in x's dtype, or (y, the final state) with `return_state`
         "The whole sequence, by the time-invariant scan."
         u = _f32(_check_x(x, self.d_model, like=self.D))
         if state is not None: _check_state(state, (x.shape[0], self.nu_log.shape[0]), like=self.D)
@@ -326,7 +326,7 @@ class LRU(nn.Module):
     def step(self,
              x_t:Tensor, # (batch, H), one time step; dtypes as in `forward`
              state:Tensor, # (batch, N)
-            ): # (y_t (batch, H), the new state)
+            )->tuple: # (y_t (batch, H), the new state)
         "One step of the recurrence."
         u = _f32(_check_x(x_t, self.d_model, "x_t", ndim=2, like=self.D))
         _check_state(state, (x_t.shape[0], self.nu_log.shape[0]), like=self.D)
@@ -392,7 +392,7 @@ class Mamba(nn.Module):
                 x:Tensor, # (batch, length, H), in the parameters' precision, float32 or float64 (bfloat16 and float16 count as float32); the output has x's dtype
                 state:tuple|None=None, # the pair (convolution state, SSM state) to continue from (default: zero)
                 return_state:bool=False, # also return the final state
-               ):
+               )->Tensor|tuple: # y (batch, length, H) in x's dtype, or (y, the final state) with `return_state`
         "The whole sequence: projections, causal convolution, selective scan, gate, projection."
         _check_x(x, self.d_model, like=self.D)
         b, L = x.shape[:2]
@@ -411,7 +411,7 @@ class Mamba(nn.Module):
     def step(self,
              x_t:Tensor, # (batch, H), one time step; dtypes as in `forward`
              state:tuple, # the pair (convolution state, SSM state)
-            ): # (y_t (batch, H), the new state)
+            )->tuple: # (y_t (batch, H), the new state)
         "One step: the convolution over the stored inputs, one step of the selective recurrence."
         _check_x(x_t, self.d_model, "x_t", ndim=2, like=self.D)
         conv_state, ssm_state = _check_mamba_state(self, state, x_t.shape[0])
@@ -506,7 +506,7 @@ class SequenceModel(nn.Module):
     def step(self,
              x_t:Tensor, # token ids (b,), or real inputs (b, d_input)
              states:list, # one state per layer, as `initial_state` gives
-            ): # (logits (b, d_output), new states)
+            )->tuple: # (logits (b, d_output), new states)
         "One step of a per-step model (pool=None)."
         x_t = _check_step_args(self, x_t, states)  # a per-step model of recurrent layers, one state per layer; x_t as forward takes it
         h, new = self.encoder(x_t), []

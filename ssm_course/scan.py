@@ -215,7 +215,7 @@ def scan(
     h0:Tensor|None=None, # initial state $h_{-1}$, (...)
     backend:str="auto", # "auto", "torch" or "triton"
     return_last:bool=False, # also return the last state $h_{L-1}$
-): # $h$ (..., L), or ($h$, $h_{L-1}$)
+)->Tensor|tuple: # $h$ (..., L), or ($h$, $h_{L-1}$)
     "$h_t = a_t h_{t-1} + b_t$ along the last axis: the fast public scan, with a reverse-scan backward; computed in the inputs' precision (float32 at least) whatever the caller's autocast; `torch.func` transforms (`vmap`, `grad`, `jvp`, `jacrev`, `jacfwd`) apply."
     _check_scan(a, b, h0)
     if resolve_backend(backend, b, has_triton=True, name="scan") == "triton":

@@ -40,7 +40,7 @@ def selective_scan_ref(
     return_last_state:bool=False, # also return $x_{l-1}$, (b, d, n)
     initial_state:Tensor|None=None, # $x_{-1}$, (b, d, n)
     backend:str="auto", # accepted for symmetry with `selective_scan`; the reference always runs in PyTorch
-): # y (b, d, l) in u's dtype, or (y, last state)
+)->Tensor|tuple: # y (b, d, l) in u's dtype, or (y, last state)
     "Mamba's selective scan as a readable loop over time: the oracle for the fast path and the kernels; in float32 (float64 for float64 `u`) whatever the caller's autocast."
     b, d, l, n, B, C = _check_ref("selective_scan_ref", backend, u, delta, A, B, C, D, z, delta_bias, initial_state)
     dtype_in, work = _out_dtype(u), _work_dtype(u)
@@ -175,7 +175,7 @@ def selective_scan(
     initial_state:Tensor|None=None, # $x_{-1}$, (b, d, n)
     backend:str="auto", # "auto", "torch" or "triton"
     chunk:int=128, # time steps per chunk: the backward stores one state per chunk and recomputes one chunk at a time
-): # y (b, d, l) in u's dtype, or (y, last state)
+)->Tensor|tuple: # y (b, d, l) in u's dtype, or (y, last state)
     """Mamba's selective scan, chunked: chunk-boundary states stored, chunk internals recomputed in the backward.
 
     Computes in float32 (float64 for float64 `u`) whatever the caller's autocast. On the PyTorch path gradients of gradients

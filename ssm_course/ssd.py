@@ -43,7 +43,7 @@ def ssd_ref(
     return_final_states:bool=False, # also return $H_{l-1}$, (b, h, p, n)
     backend:str="auto", # checked, kept for the shared signature; the reference always runs in PyTorch
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$ (an already discretized decay)
-): # y (b, l, h, p), or (y, final states (b, h, p, n))
+)->Tensor|tuple: # y (b, l, h, p), or (y, final states (b, h, p, n))
     "Mamba-2's SSM as a loop over time: $H_t = a_t H_{t-1} + \\Delta_t x_t B_t^\\top$ with $a_t = e^{\\Delta_t A}$, $y_t = H_t C_t + D x_t$; in float32 (float64 for float64 inputs) whatever the caller's autocast."
     b, l, h, p, g, n, dtype = _check_ref("ssd_ref", backend, chunk_size, x, dt, A, B, C, D, initial_states, log_decay)
     xdt, dA, w = _inputs(x, dt, A, log_decay, dtype)
@@ -83,7 +83,7 @@ def ssd_quadratic(
     return_final_states:bool=False, # also return $H_{l-1}$
     backend:str="auto", # checked, kept for the shared signature; the quadratic form always runs in PyTorch
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$
-): # y (b, l, h, p), or (y, final states)
+)->Tensor|tuple: # y (b, l, h, p), or (y, final states)
     "The dual attention form $y = (\\mathcal{L} \\circ C B^\\top)(\\Delta x)$ with the decay mask $\\mathcal{L} = \\exp(\\mathrm{segsum}(\\Delta A))$: $O(l^2)$; in float32 (float64 for float64 inputs) whatever the caller's autocast."
     b, l, h, p, g, n, dtype = _check_ref("ssd_quadratic", backend, chunk_size, x, dt, A, B, C, D, initial_states, log_decay)
     xdt, dA, w = _inputs(x, dt, A, log_decay, dtype)
@@ -155,7 +155,7 @@ def ssd(
     return_final_states:bool=False, # also return $H_{l-1}$, (b, h, p, n)
     backend:str="auto", # "auto", "torch" or "triton"
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$: an already discretized decay (e.g. a gate)
-): # y (b, l, h, p), or (y, final states (b, h, p, n))
+)->Tensor|tuple: # y (b, l, h, p), or (y, final states (b, h, p, n))
     """Mamba-2's chunked SSD: the quadratic form within chunks of $Q$ steps, a scan of states across them; any length; in float32 (float64 for float64 inputs) whatever the caller's autocast.
 
     An output depends only on the inputs up to its step, also with NaN or huge values later (for a growing state, $A > 0$, the chunk
