@@ -156,7 +156,7 @@ def ssd(
     backend:str="auto", # "auto", "torch" or "triton"
     log_decay:Tensor|None=None, # $\log a_t \le 0$, (b, l, h), instead of $\Delta_t A$: an already discretized decay (e.g. a gate)
 )->Tensor|tuple: # y (b, l, h, p), or (y, final states (b, h, p, n))
-    """Mamba-2's chunked SSD: the quadratic form within chunks of $Q$ steps, a scan of states across them; any length; in float32 (float64 for float64 inputs) whatever the caller's autocast.
+    """Mamba-2's chunked SSD: the quadratic form within chunks of $Q$ steps, a scan of states across them; any length; in float32 (float64 for float64 inputs) whatever the caller's autocast. Mamba-2's layouts and letters: b batch, l length, h heads, p head dimension, g groups of heads sharing B and C (h a multiple of g), n state size.
 
     An output depends only on the inputs up to its step, also with NaN or huge values later (for a growing state, $A > 0$, the chunk
     length depends on the largest step, so a huge later step can change earlier outputs by rounding). `torch.func.vmap` and `grad` work,
