@@ -164,6 +164,14 @@ def bench_scan(copy):
         record("scan bwd", "ssm_course (triton)", shape, timeit(lambda: torch.autograd.grad(h, (ar, br), gy, retain_graph=True)), bwd_bytes, copy)
         del h
         record("scan fwd+bwd", "ssm_course (triton)", shape, timeit(lambda: torch.autograd.grad(scan(ar, br, backend="triton"), (ar, br), gy)), fwd_bytes + bwd_bytes, copy)
+        from ssm_course._engine.triton_scan import CONFIG as scan_config, _chunks
+        if _chunks(B * D, L) > 1:  # few long rows take the chunk-parallel path: the same shape with a program per row beside it
+            saved, note = scan_config["CHUNK_PROGRAMS"], f"a program per row (the chunk path, {_chunks(B * D, L)} chunks per row, off)"
+            scan_config["CHUNK_PROGRAMS"] = 0
+            try:
+                record("scan fwd", "ssm_course (triton)", shape, timeit(lambda: scan(a, b, backend="triton")), fwd_bytes, copy, note=note)
+                record("scan fwd+bwd", "ssm_course (triton)", shape, timeit(lambda: torch.autograd.grad(scan(ar, br, backend="triton"), (ar, br), gy)), fwd_bytes + bwd_bytes, copy, note=note)
+            finally: scan_config["CHUNK_PROGRAMS"] = saved
         # Peers, each in its own layout, built outside the timed region; the note gives its largest difference from ours
         # (relative to the largest value), which shows that it solves the same recurrence.
         try:

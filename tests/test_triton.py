@@ -317,3 +317,40 @@ def test_mamba_ssm_step_call_path():
     y = peers.mamba_step(h, x, dt, A, B, C, D)
     hd = torch.exp(dt.double()[..., None] * A.double()) * h0.double() + (dt.double() * x.double())[..., None] * B.double()[:, None]
     assert rel(h, hd) < 5e-7 and rel(y, (hd * C.double()[:, None]).sum(-1) + D.double() * x.double()) < 5e-7
+
+
+# ---- issue 29 item 8: few long rows, split into chunks ------------------------------------------------------------------------------
+def test_chunks_per_row():
+    "At the GPU configuration: the benchmark's 12,288 rows stay a program each; 16 rows of 2^20 steps become 16 x 32 programs of 32,768 steps, one row 128 of 8,192 (the shortest chunk: 4 blocks); a length with no factor 2 is not split."
+    from ssm_course._engine.triton_scan import _chunks, CONFIG
+    assert CONFIG["BLOCK"] == 2048 and CONFIG["CHUNK_PROGRAMS"] == 264
+    assert _chunks(8 * 1536, 4096) == 1 and _chunks(16, 1 << 20) == 32 and _chunks(1, 1 << 20) == 128 and _chunks(16, (1 << 20) + 1) == 1
+    assert _chunks(16, 16384) == 2 and _chunks(16, 8192) == 1  # chunks of at least 4 blocks (8192 steps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.bfloat16])
+def test_few_long_rows_chunk_parallel(monkeypatch, dtype):
+    """Few long rows take the chunk-parallel path (chunks scanned from zero, a scan of the chunk ends, each chunk again
+    from its incoming state; the backward through notebook 07's formulas with that path reversed): forward and every
+    gradient against the float64 loop, with an initial state, at BLOCK 16 (so 2 rows of 512 steps become 16 chunks of 64)."""
+    from ssm_course._engine import triton_scan as eng
+    from ssm_course import triton_scan as ts
+    monkeypatch.setitem(eng.CONFIG, "BLOCK", 16)
+    assert eng._chunks(2, 512) == 8
+    calls, original = [], ts._scan_fwd_chunks
+    monkeypatch.setattr(ts, "_scan_fwd_chunks", lambda *a: calls.append(a[-1]) or original(*a))
+    g = torch.Generator().manual_seed(0)
+    if dtype.is_complex:
+        a = (0.95 + 0.05 * torch.rand(2, 512, generator=g)) * torch.exp(0.3j * torch.randn(2, 512, generator=g))
+        b, h0, w = (torch.randn(*s, generator=g, dtype=torch.complex128) for s in ((2, 512), (2,), (2, 512)))
+    else:
+        a, b, h0, w = 0.9 + 0.1 * torch.rand(2, 512, generator=g, dtype=torch.float64), torch.randn(2, 512, generator=g, dtype=torch.float64), torch.randn(2, generator=g, dtype=torch.float64), torch.randn(2, 512, generator=g, dtype=torch.float64)
+    low = [x.to(dtype).detach().requires_grad_() for x in (a, b, h0)]
+    ref = [x.to(dtype).to(a.dtype).detach().requires_grad_() for x in (a, b, h0)]  # the same values in float64
+    h, hd = scan(*low, backend="triton"), scan_sequential(*ref)
+    (h.to(hd.dtype) * w.conj()).sum().real.backward(); (hd * w.conj()).sum().real.backward()
+    assert calls and calls[0] == 8  # forward and the backward's reverse scan took the chunk path
+    # observed: float32 <= 2.3e-7, complex64 <= 4.2e-7 (h and gradients); bfloat16 2.5e-3 (h) and 3.8e-3 (gradients): one rounding to bfloat16
+    tol_h, tol_grad = (2 ** -8, 2 ** -7) if dtype == torch.bfloat16 else (1e-6, 1e-6)
+    assert rel(h, hd) < tol_h and h.dtype == dtype
+    for x, r in zip(low, ref): assert rel(x.grad, r.grad) < tol_grad

@@ -14,7 +14,8 @@ import triton
 from ..checks import broadcast_shapes, float_dtype
 
 # %% ../../nbs/engine/triton_scan.ipynb #ddf42c38
-CONFIG = {"BLOCK": 2048, "num_warps": 8, "num_stages": 2}  # the fixed GPU configuration (bench/gpu.py times others)
+CONFIG = {"BLOCK": 2048, "num_warps": 8, "num_stages": 2,  # the fixed GPU configuration (bench/gpu.py times others)
+          "CHUNK_PROGRAMS": 2 * 132}  # fewer rows than this (two per SM of an H100/H200) and long ones: split into chunks (`_chunks`)
 _MAXNREG = {(False, "fwd"): 80, (False, "bwd"): 128, (True, "fwd"): 255, (True, "bwd"): 255}  # registers per thread allowed (complex, direction)
 
 def _gpu_config(L):
@@ -52,6 +53,12 @@ def _scan_dtype(a, b, h0):
     dtype = float_dtype(a, b, *([h0] if h0 is not None else []))
     if dtype in (torch.float64, torch.complex128): raise ValueError(f"the Triton scan computes in float32 (complex64); got {dtype}, use backend='torch' for double precision")
     return dtype
+
+def _chunks(R, L):
+    "Chunks per row for `R` rows of `L` steps: 1 (a program per row) unless the rows are fewer than `CONFIG['CHUNK_PROGRAMS']` and long; then the power of two C dividing L that brings R x C to that many programs, each chunk at least 4 GPU blocks long."
+    C, shortest = 1, 4 * CONFIG["BLOCK"]
+    while R * C < CONFIG["CHUNK_PROGRAMS"] and L % (2 * C) == 0 and L // (2 * C) >= shortest: C *= 2
+    return C
 
 # %% ../../nbs/engine/triton_scan.ipynb #0b04d60f
 def _fwd_launch(a, b, h0, h, config):
