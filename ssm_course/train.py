@@ -335,9 +335,9 @@ TASKS = {  # every task of notebook 13a but sequential_images, which reads MNIST
 
 def _parser()->argparse.ArgumentParser:
     "The options of `python -m ssm_course.train`, each with its help and default."
-    ap = argparse.ArgumentParser(prog="python -m ssm_course.train", description="Train a SequenceModel (notebook 12) on a task of notebook 13a with the Trainer of notebook 13b, on a GPU when there is one; also under torchrun (DDP). Prints a line per evaluation round and the final evaluation.")
-    ap.add_argument("--task", default="delayed_recall", choices=list(TASKS), help="the task (sequential_images is not offered: it reads MNIST or CIFAR-10 files you download; use Trainer in Python) (default: %(default)s)")
-    ap.add_argument("--layer", default="s4d", choices=sorted(LAYERS), help="the sequence layer of every block (default: %(default)s)")
+    ap = argparse.ArgumentParser(prog="python -m ssm_course.train", usage="%(prog)s [options] (--help lists them)", description="Train a SequenceModel (notebook 12) on a task of notebook 13a with the Trainer of notebook 13b, on a GPU when there is one; also under torchrun (DDP). Prints a line per evaluation round and the final evaluation.")
+    ap.add_argument("--task", default="delayed_recall", choices=list(TASKS), metavar="TASK", help=f"the task: {', '.join(TASKS)} (sequential_images is not offered: it reads MNIST or CIFAR-10 files you download; use Trainer in Python) (default: %(default)s)")
+    ap.add_argument("--layer", default="s4d", choices=sorted(LAYERS), metavar="LAYER", help=f"the sequence layer of every block: {', '.join(sorted(LAYERS))} (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=200, help="optimizer steps in all, at least 1; with --resume, counted from the start of the first run (default: %(default)s)")
     ap.add_argument("--eval-every", type=int, default=50, help="evaluate on held-out data and print a line every this many steps, and at the end (default: %(default)s)")
     ap.add_argument("--batch-size", type=int, default=32, help="global batch size, split across processes under torchrun (default: %(default)s)")
