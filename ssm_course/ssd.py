@@ -165,6 +165,9 @@ def ssd(
     b, l, h, p, g, n, dtype = _check_ssd(x, dt, A, B, C, D, initial_states, log_decay)
     Q = check_size(chunk_size, "chunk_size")
     kernel_ok = log_decay is None and dt is not None and x.dtype == torch.float32
+    if kernel_ok and backend == "auto" and x.is_cuda:  # the Triton kernels only where they fit this device and shape
+        from ssm_course.triton_ssm import _ssd_unsupported
+        kernel_ok = _ssd_unsupported(p, n, x.dtype, torch.cuda.get_device_properties(x.device)) is None
     if resolve_backend(backend, x, has_triton=kernel_ok or (backend == "triton" and log_decay is None and dt is not None), name="ssd") == "triton":
         from ssm_course.triton_ssm import ssd_triton  # lesson 11c
         y, final = ssd_triton(x, dt, A, B, C, chunk_size, initial_states)

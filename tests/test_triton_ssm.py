@@ -693,3 +693,33 @@ def test_ssd_backward_allocates_two_state_sized_arrays(monkeypatch):
     with Allocs() as m: (y.sum() + s.sum()).backward()
     allocs = [o for o in m.ops if "empty" in o or "zero" in o or "fill" in o]
     assert len(allocs) == 2 and not any("zero" in o or "fill" in o for o in allocs), m.ops
+
+
+# ---------------------------------------------------------------- issue 29 item 3: the Triton SSD only where its kernels fit
+
+def gpu_props(name, cc, shared):
+    "A stand-in for torch.cuda.get_device_properties: what the dispatch reads."
+    from types import SimpleNamespace
+    return SimpleNamespace(name=name, major=cc[0], minor=cc[1], shared_memory_per_block_optin=shared)
+
+
+def test_ssd_triton_fits_the_device():
+    """backend='auto' sent every float32 CUDA call to the Triton SSD. Now `_ssd_unsupported` says why it cannot run a case (None where it can):
+    the compute capability (sm_75: tl.dot without tensor cores or bfloat16), the shared memory a program may take, p and n beyond the tiles."""
+    from ssm_course.triton_ssm import _ssd_unsupported, _SSD_SHARED
+    for props in (gpu_props("NVIDIA A100", (8, 0), 166912), gpu_props("NVIDIA A10", (8, 6), 101376), gpu_props("NVIDIA L4", (8, 9), 101376),
+                  gpu_props("NVIDIA H200", (9, 0), 232448)):
+        for dtype in (torch.float32, torch.bfloat16):
+            assert _ssd_unsupported(128, 256, dtype, props) is None, props.name
+    assert _ssd_unsupported(64, 128, torch.float32, gpu_props("Tesla T4", (7, 5), 65536)).startswith("Tesla T4 (compute capability 7.5)")
+    small = gpu_props("small", (8, 0), _SSD_SHARED[torch.bfloat16] - 1)
+    assert _ssd_unsupported(64, 128, torch.float32, small) is None and "bytes of shared memory per program" in _ssd_unsupported(64, 128, torch.bfloat16, small)
+    assert _ssd_unsupported(129, 16).startswith("head dimension p = 129") and _ssd_unsupported(64, 257).startswith("n = 257 states")
+
+
+@pytest.mark.parametrize("p,n,msg", [(129, 4, "head dimension p = 129"), (3, 257, "n = 257 states")])
+def test_ssd_triton_refuses_heads_beyond_its_tiles(p, n, msg):
+    "backend='triton' with a case the kernels have no tile for: a ValueError that says why and names backend='torch' (before: it ran, and on a GPU would spill)."
+    kw = ssd_inputs(torch.Generator().manual_seed(3), l=4, h=1, grp=1, p=p, n=n, h0=False)
+    with pytest.raises(ValueError, match=rf"^the Triton ssd cannot run this call: {msg}.*use backend='torch'"):
+        ssd(**kw, backend="triton")
