@@ -161,3 +161,14 @@ def test_cli_sweep_writes_every_point(tmp_path, monkeypatch, capsys):
     got = json.loads(out.read_text())
     assert got["mode"] == "sweep" and [p["shape"] for p in got["points"]] == [[2, 64]] and res["points"][0]["agree"]
     assert "| scan_lti | (2, 64) |" in capsys.readouterr().out
+
+
+def test_peak_memory_of_the_layer_cases():
+    "`peak_memory` measures every implementation of a layer case in its own process (Linux: VmHWM); the sweep records it for the layer cases only."
+    import pathlib
+    from ssm_course.bench import peak_memory, case_lru, _MEMORY
+    if not pathlib.Path("/proc/self/clear_refs").exists(): pytest.skip("needs Linux's /proc/self/clear_refs")
+    mem = peak_memory(case_lru, (2, 512, 64))
+    assert set(mem) == set(case_lru(shape=(2, 512, 64)).fns) and all(v >= 0 for v in mem.values())
+    assert max(mem.values()) > 0.1  # a (2, 512, 64) complex state sequence is 0.5 MB: something is measured
+    assert set(_MEMORY) == {"case_mamba_block", "case_mamba_block_train", "case_lru", "case_lru_train"}
