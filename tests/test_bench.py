@@ -172,3 +172,12 @@ def test_peak_memory_of_the_layer_cases():
     assert set(mem) == set(case_lru(shape=(2, 512, 64)).fns) and all(v >= 0 for v in mem.values())
     assert max(mem.values()) > 0.1  # a (2, 512, 64) complex state sequence is 0.5 MB: something is measured
     assert set(_MEMORY) == {"case_mamba_block", "case_mamba_block_train", "case_lru", "case_lru_train"}
+
+
+def test_quick_run_grades_nothing():
+    "A --quick run's toy shapes check the machinery, not the speed: its summary does not grade the target (it said 'not met')."
+    from ssm_course.bench import summary
+    case = {"case": "scan", "ours": ["ours"], "seconds": {"ours": 2.0, "peer": 1.0}, "best_peer": "peer",
+            "over_best_peer": {"ours": 2.0}, "target": True}
+    assert summary({"mode": "quick", "cases": [case]}).splitlines()[-1].endswith("| n/a (quick) |")
+    assert summary({"mode": "full", "cases": [case]}).splitlines()[-1].endswith("| not met |")
