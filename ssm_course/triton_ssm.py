@@ -867,7 +867,7 @@ def _ssd_cb_bwd(C, B, gcb):
     BF16, EMU = _dot_kind(C, B)
     BQ, _, BN, _, _ = _ssd_config(16, n, Q, BF16)
     gC, gB = (torch.empty(b, l, g, n, dtype=torch.float32, device=B.device) for _ in range(2))
-    _ssd_cb_bwd_kernel[(b * g * nc * (Q // BQ) * triton.cdiv(n, BN),)](C, B, gcb, gC, gB, l, g, n, nc, h // g, Q=Q, BQ=BQ, BLOCK_N=BN, BF16=BF16, EMU=EMU, **_SSD_LAUNCH)
+    _ssd_cb_bwd_kernel[(b * g * nc * (Q // BQ) * triton.cdiv(n, BN),)](C, B, gcb, gC, gB, l, g, n, nc, h // g, Q=Q, BQ=BQ, BLOCK_N=BN, BF16=BF16, EMU=EMU, **{**_SSD_LAUNCH, "num_warps": 8})  # 8 warps: ptxas spills 8 B at 4 on sm_100
     return gC, gB
 
 def _ssd_state_bwd(x, dt, B, cum, gS):
@@ -974,7 +974,7 @@ def _sel_chunk(d, B, C, chunk):
     _, W, K, _ = _sel_config(d, [_sel_layout(B, d), _sel_layout(C, d)], "backward")
     return max(W * K, chunk // (W * K) * (W * K))
 
-_SSD_LAUNCH = dict(num_warps=4, num_stages=2)  # every SSD launch (C B^T and the chunk-output backward: 8 warps)
+_SSD_LAUNCH = dict(num_warps=4, num_stages=2)  # every SSD launch (C B^T, its backward and the chunk-output backward: 8 warps)
 SSD_CHUNKS = (16, 32, 64, 128, 256)  # the chunk lengths the Triton SSD takes (Mamba-2's default: 256)
 
 def _ssd_config(p, n, Q, bf16=False, gpu:bool|None=None):
@@ -1457,7 +1457,7 @@ def _specs_ssd(sweep=SSD_SWEEP):
                     _spec(_ssd_state_bwd_kernel, v, dict(x_ptr=t, dt_ptr=t, B_ptr=t, cum_ptr=f, gs_ptr=f, gx_ptr=f, gdt_ptr=f, r_ptr=f, **sizes),
                           dict(Q=Q, BQ=BW, BLOCK_P=PW, BLOCK_N=BN, **dk), **k),
                     _spec(_ssd_state_gB_kernel, v, dict(x_ptr=t, dt_ptr=t, cum_ptr=f, gs_ptr=f, gB_ptr=f, L=l, n_heads=h, head_dim=p, N=n, NC=nc), tile, **k),
-                    _spec(_ssd_cb_bwd_kernel, v, dict(C_ptr=t, B_ptr=t, gcb_ptr=f, gC_ptr=f, gB_ptr=f, L=l, G=g, N=n, NC=nc, HPG=h // g), dict(Q=Q, BQ=BQ, BLOCK_N=BN, **dk), **k)]
+                    _spec(_ssd_cb_bwd_kernel, v, dict(C_ptr=t, B_ptr=t, gcb_ptr=f, gC_ptr=f, gB_ptr=f, L=l, G=g, N=n, NC=nc, HPG=h // g), dict(Q=Q, BQ=BQ, BLOCK_N=BN, **dk), **{**k, "num_warps": 8})]
     for s in out:
         if not s["variant"].startswith("bench"): s["sweep"] = dict(zip(("chunk", "p", "n"), map(int, re.findall(r"=(\d+)", s["variant"]))))  # a point of the shape sweep (tests/test_compile.py samples them)
     return out
