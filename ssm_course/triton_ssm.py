@@ -467,7 +467,10 @@ def _perf_selective():
            "flops": 8 * E * n, "transcendentals": E * n + 2 * E}  # read u, delta; write y, the chunk states, the last state; per (element, state): dt A, a b (2), the lane's scan (2), x_t, C x_t; exp(dt A); softplus: exp and the division's reciprocal (its log is a libdevice polynomial)
     bwd = {"kernel": "_selective_bwd_kernel", "bytes": 12 * E + 8 * E + BC + states + 2 * BC + 8 * b * d * n, "l2_bytes": 8 * b * (d // BDb) * l * n + 8 * b * d * l * n,
            "flops": 20 * E * n, "transcendentals": E * n + 4 * E}  # read u, delta, dy; write du, ddelta; B, C read and their gradients added; in L2: B, C loads per program, dB, dC atomic adds per channel; one exp(dt A) per (element, state); softplus and its sigmoid
-    return [_op("selective_scan", "fwd", SELECTIVE_SHAPE, [fwd]), _op("selective_scan", "bwd", SELECTIVE_SHAPE, [bwd])]
+    rows = [_op("selective_scan", "fwd", SELECTIVE_SHAPE, [fwd]), _op("selective_scan", "bwd", SELECTIVE_SHAPE, [bwd])]
+    for r, k in zip(rows, ("forward", "backward")):  # the issued instructions: each kernel's state loop, over every (element, state)
+        r["issue"] = [{"kernel": f"_selective_{r['direction']}_kernel", "variant": f"{k}, bench, N={n}", "elements": E * n}]
+    return rows
 
 # %% ../nbs/11c_triton_ssd.ipynb #fb058948
 import torch
@@ -1382,10 +1385,11 @@ def perf_model()->list: # one dict per op and direction at the bench/gpu.py shap
     return _perf_kdiag() + _perf_kdiag_torch() + _perf_selective() + _perf_ssd()  # float32, as bench/gpu.py times them
 
 # %% ../nbs/engine/triton_ssm.ipynb #k6cd0003
-def _spec(fn, variant, args, constexprs, num_warps=4, num_stages=3, dot=False, vector_loads=False, options:dict|None=None):
-    "A compile spec as Triton's launcher would specialise the call: pointers (given by dtype) 16-byte aligned, integers equal to 1 made constants, multiples of 16 marked divisible."
+def _spec(fn, variant, args, constexprs, num_warps=4, num_stages=3, dot=False, vector_loads=False, options:dict|None=None, elements_per_iteration=None):
+    "A compile spec as Triton's launcher would specialise the call: pointers (given by dtype) 16-byte aligned, integers equal to 1 made constants, multiples of 16 marked divisible; `elements_per_iteration`: what one program handles per trip through its innermost loop (lesson 10b's `hot_loop`)."
+    extra = {} if elements_per_iteration is None else dict(elements_per_iteration=elements_per_iteration)
     return dict(kernel=fn.__name__, variant=variant, fn=fn, **jit_signature(fn, args, constexprs),
-                num_warps=num_warps, num_stages=num_stages, dot=dot, vector_loads=vector_loads, options=options or {})
+                num_warps=num_warps, num_stages=num_stages, dot=dot, vector_loads=vector_loads, options=options or {}, **extra)
 
 def _specs_kdiag():
     H, N, L = KDIAG_SHAPE
@@ -1417,13 +1421,13 @@ def _specs_selective(states=SELECTIVE_SWEEP):
             io = dict(**ptrs, x0_ptr=f, y_ptr=f, xs_ptr=f, car_ptr=f, last_ptr=f, Dm=d, L=L, N=n, **fs, s_bias=1, s_D=1, sA_d=n, sA_n=1, **lay)
             v = f"{name}, N={n}"
             out.append(_spec(_selective_fwd_kernel, f"forward, {v}", dict(io, NPROG=b * d // BD, SPAN=L, SAVE=BT, NS=L // BT, sx_b=d * n, sx_d=n, sx_c=0, sx_n=1),
-                             dict(cx, HAS_X0=False, OUTPUT=True, BLOCK_D=BD, W=W, K=K), nw, 1, vector_loads=True))
+                             dict(cx, HAS_X0=False, OUTPUT=True, BLOCK_D=BD, W=W, K=K), nw, 1, vector_loads=True, elements_per_iteration=BD * W * K))  # a trip of the state loop: one state of BD channels x W x K steps
             CH = 4 * BT  # a chunk of four backward blocks: the block states recomputed
             out.append(_spec(_selective_fwd_kernel, f"block states, {v}", dict(io, NPROG=b * d // BDr, SPAN=CH, SAVE=BT, NS=L // BT, sx_b=d * L // CH * n, sx_d=L // CH * n, sx_c=n, sx_n=1),
-                             dict(cx, HAS_X0=True, OUTPUT=False, HAS_D=False, HAS_Z=False, BLOCK_D=BDr, W=Wr, K=Kr), nwr, 1, vector_loads=True))
+                             dict(cx, HAS_X0=True, OUTPUT=False, HAS_D=False, HAS_Z=False, BLOCK_D=BDr, W=Wr, K=Kr), nwr, 1, vector_loads=True, elements_per_iteration=BDr * Wr * Kr))
             grads = {p: f for p in ("xb_ptr", "gy_ptr", "glast_ptr", "gcar_ptr", "du_ptr", "ddelta_ptr", "dz_ptr", "dA_ptr", "dB_ptr", "dC_ptr", "dD_ptr", "dbias_ptr", "dx0_ptr")}
             out.append(_spec(_selective_bwd_kernel, f"backward, {v}", dict(**ptrs, **grads, Dm=d, L=L, N=n, NBLK=L // BT, **s, s_bias=1, s_D=1, sA_d=n, sA_n=1, **lay),
-                             dict(cx, HAS_GLAST=True, BLOCK_D=BDb, W=Wb, K=Kb), nwb, 1, vector_loads=True))  # the backward always gets a final-state gradient (zeros when unused)
+                             dict(cx, HAS_GLAST=True, BLOCK_D=BDb, W=Wb, K=Kb), nwb, 1, vector_loads=True, elements_per_iteration=BDb * Wb * Kb))  # the backward always gets a final-state gradient (zeros when unused)
     return out
 
 SSD_SWEEP = (("bench", 64, 64, 128, ("float32", "bfloat16")),  # (name, chunk Q, p, n, dtypes): bench/gpu.py's shape
