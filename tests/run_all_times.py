@@ -44,16 +44,19 @@ def _fmt(s):
 
 def line(rel, times, cells) -> str:
     t = times[rel]
-    s = (f"**Run All** takes about {_fmt(t['wall'])} on a 2-core CPU in JupyterLab with PyTorch's default threads "
+    s = (f"**Run All** takes about {_fmt(t['wall'])} on a 2-core CPU in a Jupyter kernel with PyTorch's default threads "
          f"(the kernel's CPU time: {_fmt(t['cpu'])}; measured {t['date']} by `tests/run_all_times.py`).")
     slow = [c for c in cells if c["cell_type"] == "code" and FLAG.search(_src(c))]
     if slow:
         recorded = json.loads(SLOW.read_text()).get(rel, {}) if SLOW.exists() else {}
         timed = [x for x in (slow_seconds(c, recorded) for c in slow) if x is not None]
-        s += (f" Its {len(slow)} slow cell{'s' if len(slow) > 1 else ''} show{'' if len(slow) > 1 else 's'} the committed results "
-              f"instead of rerunning; set `SSM_COURSE_RUN_SLOW=1` to rerun {'them' if len(slow) > 1 else 'it'}")
-        if timed: s += f", which took at least {_fmt(sum(timed))} when the outputs were committed ({len(timed)} of {len(slow)} timed by their progress bars)."
-        else: s += " (minutes or more each: they train models or compile kernel sweeps; not timed here)."
+        many = len(slow) > 1
+        s += (f" Its {len(slow)} slow cell{'s' if many else ''} show{'' if many else 's'} the committed results instead of rerunning; "
+              f"set `SSM_COURSE_RUN_SLOW=1` to rerun {'them' if many else 'it'}")
+        if timed: s += f", which took at least {_fmt(sum(timed))} when last run ({len(timed)} of {len(slow)} timed)."
+        else: s += " (minutes or more each: they train models or compile kernel sweeps; not timed yet)."
+        if any("cached(" in _src(c) or "run_cached" in _src(c) for c in slow):
+            s += " Their training runs are stored in `nbs/results/` and read back when rerun; `SSM_COURSE_RERUN=1` trains them again."
     return s
 
 

@@ -29,6 +29,19 @@ def test_notebook_has_a_kernelspec_and_opens_with_the_setup_cell(path):
         f"{path.name}: the first code cell (cell {first}) is not setup_cell({path.relative_to(NBS).as_posix()!r})"
 
 
+RUN_ALL = re.compile(r"\*\*Run All\*\*")
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name != "index.ipynb"], ids=[i for i in IDS if i != "index.ipynb"])
+def test_notebook_says_how_long_run_all_takes(path):
+    "The markdown cell after the setup cell gives the measured Run All time (tests/run_all_times.py), and for notebooks with slow cells how many there are and how to rerun them (the landing page, index.ipynb, explains it for all)."
+    cells = _cells(path)
+    line = _src(cells[2]) if len(cells) > 2 and cells[2]["cell_type"] == "markdown" else ""
+    assert RUN_ALL.search(line) and re.search(r"\d+ s\b|\d+ min\b", line), f"{path.name}: no Run All line after the setup cell: {line[:120]!r}"
+    n_slow = sum(1 for c in cells if c["cell_type"] == "code" and re.search(r"^\s*#\|\s*(slow|gpu)\s*$", _src(c), re.M))
+    if n_slow: assert SWITCH in line and str(n_slow) in line, f"{path.name}: {n_slow} slow cells, not stated in the Run All line: {line!r}"
+
+
 def test_setup_cell_in_colab_clones_installs_and_moves_to_the_notebook(monkeypatch, tmp_path):
     "The Colab branch, run as IPython runs it (its `!` and `%` lines become calls), with the shell commands recorded instead of run."
     from IPython.core.inputtransformer2 import TransformerManager
