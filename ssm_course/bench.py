@@ -295,6 +295,21 @@ def _train_step(m:torch.nn.Module, # a layer
         m(xg).square().mean().backward()
     return xg.grad
 
+def _layer_case(name:str, # the model, for the case's title
+                ours, # our layer: its float64 copy is the reference
+                mods:dict, # {implementation: module}, ours included
+                x:torch.Tensor, # (B, L, H) input
+                train:bool, # time the training step instead of the forward
+               )->Case:
+    "A layer against other implementations of the same model with the same weights: the forward (checked against ours run step by step in float64 over the first 256 steps) or a training step without the optimizer (against ours in float64)."
+    B, L, H = x.shape
+    if train:
+        fns = {k: (lambda m=m: _train_step(m, x)) for k, m in mods.items()}
+        return Case(f"{name} training step {(B, L, H)} float32", fns, tol=5e-5, ref=lambda: _train_step(copy.deepcopy(ours).double(), x.double()))
+    steps = min(L, 256)
+    fns = {k: (lambda m=m: m(x)) for k, m in mods.items()}
+    return Case(f"{name} forward {(B, L, H)} float32", fns, tol=5e-5, ref=lambda: _step_reference(ours, x, steps), canon={k: (lambda y: y[:, :steps]) for k in fns})
+
 def case_mamba_block(quick:bool=False, # tiny shapes
                      shape:tuple|None=None, # (B, L, H) instead of the default shape (the sweep's points)
                      train:bool=False, # time the training step instead of the forward
@@ -304,12 +319,7 @@ def case_mamba_block(quick:bool=False, # tiny shapes
     x = torch.randn(B, L, H, generator=_gen(7))
     ours, peer = _mamba_pair(H)
     mods = {"ssm_course.layers.Mamba": ours} | ({"mambapy MambaBlock (pscan)": peer} if peer is not None else {})
-    if train:
-        fns = {k: (lambda m=m: _train_step(m, x)) for k, m in mods.items()}
-        return Case(f"Mamba block training step {(B, L, H)} float32", fns, tol=5e-5, ref=lambda: _train_step(copy.deepcopy(ours).double(), x.double()))
-    steps = min(L, 256)
-    fns = {k: (lambda m=m: m(x)) for k, m in mods.items()}
-    return Case(f"Mamba block forward {(B, L, H)} float32", fns, tol=5e-5, ref=lambda: _step_reference(ours, x, steps), canon={k: (lambda y: y[:, :steps]) for k in fns})
+    return _layer_case("Mamba block", ours, mods, x, train)
 
 def case_mamba_block_train(quick:bool=False, # tiny shapes
                            shape:tuple|None=None, # (B, L, H) instead of the default shape
@@ -340,12 +350,7 @@ def case_lru(quick:bool=False, # tiny shapes
     x = torch.randn(B, L, H, generator=_gen(8))
     ours, peer = _lru_pair(H)
     mods = {"ssm_course.layers.LRU": ours} | ({"lru-pytorch LRU": peer} if peer is not None else {})
-    if train:
-        return Case(f"LRU training step {(B, L, H)} float32", {k: (lambda m=m: _train_step(m, x)) for k, m in mods.items()}, tol=5e-5,
-                    ref=lambda: _train_step(copy.deepcopy(ours).double(), x.double()))
-    steps = min(L, 256)
-    fns = {k: (lambda m=m: m(x)) for k, m in mods.items()}
-    return Case(f"LRU forward {(B, L, H)} float32", fns, tol=5e-5, ref=lambda: _step_reference(ours, x, steps), canon={k: (lambda y: y[:, :steps]) for k in fns})
+    return _layer_case("LRU", ours, mods, x, train)
 
 def case_lru_train(quick:bool=False, # tiny shapes
                    shape:tuple|None=None, # (B, L, H) instead of the default shape

@@ -14,10 +14,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from ssm_course._engine.jupyter import cell_key, is_setup_cell, is_slow
 NBS = ROOT / "nbs"
 OUT = NBS / "results" / "run_all.json"
 SLOW = NBS / "results" / "slow_cells.json"
-FLAG = re.compile(r"^\s*#\|\s*(slow|gpu)\s*$", re.M)
 ELAPSED = re.compile(r"(?:\[|\s)(?:(\d+):)?(\d\d):(\d\d)(?:<|&lt;)00:00")
 
 
@@ -32,7 +32,6 @@ def _text(o):
 def slow_seconds(cell, recorded=None) -> float | None:
     "How long a slow cell took when its output was committed: as recorded by run_notebook.py, else the longest finished progress bar in its outputs (None: not known)."
     if recorded:
-        from run_notebook import cell_key
         if (k := cell_key(_src(cell))) in recorded: return float(recorded[k])
     found = [int(h or 0) * 3600 + int(m) * 60 + int(s) for o in cell.get("outputs", []) for h, m, s in ELAPSED.findall(_text(o))]
     return float(max(found)) if found else None
@@ -46,7 +45,7 @@ def line(rel, times, cells) -> str:
     t = times[rel]
     s = (f"**Run All** takes about {_fmt(t['wall'])} on a 2-core CPU in a Jupyter kernel with PyTorch's default threads "
          f"(the kernel's CPU time: {_fmt(t['cpu'])}; measured {t['date']} by `tests/run_all_times.py`).")
-    slow = [c for c in cells if c["cell_type"] == "code" and FLAG.search(_src(c))]
+    slow = [c for c in cells if c["cell_type"] == "code" and is_slow(_src(c))]
     if slow:
         recorded = json.loads(SLOW.read_text()).get(rel, {}) if SLOW.exists() else {}
         timed = [x for x in (slow_seconds(c, recorded) for c in slow) if x is not None]
@@ -64,7 +63,7 @@ def write(rel, times):
     p = NBS / rel
     nb = json.loads(p.read_text(encoding="utf-8"))
     cells = nb["cells"]
-    assert _src(cells[1]).startswith("#| hide\n# Colab:"), f"{rel}: no setup cell at position 1"
+    assert is_setup_cell(_src(cells[1])), f"{rel}: no setup cell at position 1"
     text = line(rel, times, cells)
     if len(cells) > 2 and cells[2]["cell_type"] == "markdown" and _src(cells[2]).startswith("**Run All**"):
         cells[2]["source"] = text

@@ -8,18 +8,17 @@ seconds in nbs/results/slow_cells.json (keyed by notebook and a hash of the cell
 tests/run_all_times.py reads. Figures are kept: the kernel uses matplotlib's inline backend (MPLBACKEND is cleared), so a
 figure cell gets its image. Without a GPU, Triton runs under its interpreter (TRITON_INTERPRET=1), as in `make test`.
 Run `nbdev-clean` afterwards (this script does it for the notebooks it ran)."""
-import argparse, hashlib, json, os, re, subprocess, sys, time
+import argparse, json, os, subprocess, sys, time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from ssm_course._engine.jupyter import cell_key, is_slow  # what the setup cell skips, and its key in slow_cells.json
 
 ROOT = Path(__file__).resolve().parents[1]
-FLAG = re.compile(r"^\s*#\|\s*(slow|gpu)\s*$", re.M)
 SLOW_TIMES = ROOT / "nbs" / "results" / "slow_cells.json"
 
 
-def cell_key(source: str) -> str: return hashlib.sha256(source.strip().encode()).hexdigest()[:16]
 
 
 def run(path: Path, slow: bool, timeout: int) -> float:
@@ -29,10 +28,10 @@ def run(path: Path, slow: bool, timeout: int) -> float:
     env = {**os.environ, "SSM_COURSE_RUN_SLOW": "1"} if slow else {k: v for k, v in os.environ.items() if k != "SSM_COURSE_RUN_SLOW"}
     with client.setup_kernel(env=env):
         for i, cell in enumerate(nb.cells):
-            if cell.cell_type != "code" or (not slow and FLAG.search(cell.source)): continue
+            if cell.cell_type != "code" or (not slow and is_slow(cell.source)): continue
             t0 = time.perf_counter()
             client.execute_cell(cell, i)
-            if FLAG.search(cell.source): slow_times[cell_key(cell.source)] = round(time.perf_counter() - t0, 1)
+            if is_slow(cell.source): slow_times[cell_key(cell.source)] = round(time.perf_counter() - t0, 1)
             for out in cell.get("outputs", []):
                 if out.get("output_type") == "error": raise RuntimeError(f"{path.name} cell {i} raised {out.get('ename')}: {out.get('evalue')}")
     nbformat.write(nb, path)

@@ -8,14 +8,14 @@ kernels' CPU time 01 18 s, 07 6 s, 13a 3 s, 13b 20 s). Under a load of 4 to 5 ot
 wait for each other, and the same file once took 4 min 41 s (13b alone 230 s). So a reader's `make test` skips it unless
 SSM_COURSE_REQUIRE_KERNEL_NOTEBOOKS=1; `.ci/run` sets it, so CI always runs it. `python tests/test_notebooks_in_kernel.py
 [notebooks]` runs it by hand and prints each notebook's wall and CPU time."""
-import os, re, sys, time
+import os, sys, time
 from pathlib import Path
 import pytest
 from conftest import ROOT
 
 NOTEBOOKS = ["01_ssm.ipynb", "07_scan.ipynb", "13a_tasks.ipynb", "13b_training.ipynb"]
 REQUIRE = "SSM_COURSE_REQUIRE_KERNEL_NOTEBOOKS"
-FLAG = re.compile(r"^\s*#\|\s*(slow|gpu)\s*$", re.M)  # the cells nbdev-test skips (tst_flags = "slow gpu")
+from ssm_course._engine.jupyter import is_setup_cell, is_slow  # the cells nbdev-test skips (tst_flags = "slow gpu"); the setup cell
 # What a student's environment does not set: thread caps, the test suite's Agg backend and Triton's interpreter.
 UNSET = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MPLBACKEND", "TRITON_INTERPRET", "PYTEST_CURRENT_TEST",
          "SSM_COURSE_RUN_SLOW")
@@ -40,12 +40,12 @@ def run_in_kernel(nb_or_name, timeout: int = 600) -> dict:
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(path.parent)}})
     res, ran, start = {"nb": nb, "errors": [], "stderr": [], "slow": []}, 0, time.perf_counter()
     code = [c for c in nb.cells if c.cell_type == "code"]
-    run_all = bool(code) and code[0].source.startswith("#| hide\n# Colab:")  # the setup cell: Run All as a student runs it
+    run_all = bool(code) and is_setup_cell(code[0].source)  # the setup cell: Run All as a student runs it
     with client.setup_kernel(env=student_env()):
         for i, cell in enumerate(nb.cells):
-            if cell.cell_type != "code" or (FLAG.search(cell.source) and not run_all): continue
+            if cell.cell_type != "code" or (is_slow(cell.source) and not run_all): continue
             client.execute_cell(cell, i); ran += 1
-            if FLAG.search(cell.source):
+            if is_slow(cell.source):
                 first = next((o for o in cell.get("outputs", []) if o.get("output_type") == "stream"), {})
                 res["slow"].append((i, first.get("text", "").split("\n")[0]))
             for out in cell.get("outputs", []):
