@@ -87,7 +87,7 @@ def fft_conv(u, K):
 # %% ../nbs/05_s4.ipynb #e7c4c31c
 from .checks import broadcast_shapes, to_precision, full_precision
 from .discretize import discretize
-from ._engine.conv import _check_dplr, _zero_kernel, _matrix_power, _recomputed
+from ._engine.conv import _check_dplr, _zero_kernel, _matrix_power, _recomputed, _c_tilde, _solve_small
 
 # %% ../nbs/05_s4.ipynb #d6916803
 def _cauchy_blocks(v, g, lam, skip, chunk):
@@ -145,7 +145,7 @@ def ssm_kernel_dplr(
     Lambda, P, B, C, dt, L, chunk, out = _check_dplr(Lambda, P, B, C, dt, L, chunk)  # one complex dtype; (..., N), P (..., r, N), dt (..., 1)
     if Lambda.numel() == 0: return _zero_kernel(L, out, Lambda, P, B, C, dt)  # no channel, or no state: K = 0
     ctype, r = Lambda.dtype, P.shape[-2]
-    if not tilde: C = _recomputed(_dense_c_tilde, Lambda, P, B, C, dt, L)  # C~; training keeps its inputs, not its N x N matrices
+    if not tilde: C = _recomputed(_c_tilde, Lambda, P, B, C, dt, L)  # C~ (_dense_c_tilde's value, faster: engine); training keeps only its inputs
     k = torch.arange(L, device=Lambda.device, dtype=torch.float64)
     omega = torch.polar(torch.ones_like(k), -2 * math.pi * k / L).to(ctype)  # (L,) the roots of unity
     nyq = 2 * k == L  # omega = -1 exactly (even L only), whatever the precision
@@ -161,7 +161,7 @@ def ssm_kernel_dplr(
     p_m = P.mT.gather(-2, m[..., None].expand(*m.shape, r))  # (..., L, r): P[..., :, m_k]
     M = torch.cat([torch.cat([torch.eye(r, dtype=ctype, device=Lambda.device) + k_PP, -p_m.conj()[..., :, None]], -1),
                    torch.cat([p_m[..., None, :], (g - at(Lambda))[..., None, None]], -1)], -2)  # (..., L, r+1, r+1)
-    sol = torch.linalg.solve(M, torch.cat([k_PB, at(B)[..., None]], -1))  # (..., L, r+1): (y, x_m)
+    sol = _solve_small(M, torch.cat([k_PB, at(B)[..., None]], -1))  # (..., L, r+1): (y, x_m); torch.linalg.solve (2 x 2: Cramer, engine)
     Khat = k_CB - (k_CP * sol[..., :r]).sum(-1) + at(C) * sol[..., r]
     Khat = torch.where(nyq, dt / 2 * (C * B).sum(-1, keepdim=True), 2 / (1 + omega_safe) * Khat)
     return to_precision(torch.fft.ifft(Khat, n=L), out)

@@ -923,3 +923,75 @@ def test_causal_conv_head_sums_not_on_scaled_rows(dtype, monkeypatch):
     ref = np.stack([np.convolve(r, K.double().numpy())[:300] for r in u.double().numpy()])
     scale = np.stack([np.convolve(np.abs(r), np.abs(K.double().numpy()))[:300] for r in u.double().numpy()])
     assert (np.abs(y.double().numpy() - ref) / np.where(scale > 0, scale, 1)).max() < (1e-13 if dtype == torch.float64 else 3e-5)  # observed 1.1e-5
+
+
+# ---------------------------------------------------------------- issue 32: S4's kernel at training shapes
+
+def np_c_tilde(Lam, P, C, dt, L):
+    "C (I - Ad^L) with the dense bilinear Ad = (I - dt/2 A)^{-1} (I + dt/2 A), A = diag(Lam) - P^T conj(P), in NumPy complex128."
+    A = np.diag(Lam.numpy()) - P.numpy().T @ P.numpy().conj()
+    I = np.eye(len(A))
+    Ad = np.linalg.solve(I - dt / 2 * A, I + dt / 2 * A)
+    return C.numpy() - C.numpy() @ np.linalg.matrix_power(Ad, L)
+
+
+@pytest.mark.parametrize("measure,N,L", [
+    ("legs", 64, 1), ("legs", 64, 1000),  # one product; low-rank squarings to rank N/_RANK = 16, then 62 products with Ad^16
+    ("legs", 64, 1024 * 16 + 5), ("legt", 16, 777),  # more than _APPLY products left: the dense form squared first
+    ("legt", 64, 99), ("fout", 15, 300), ("lagt", 16, 65), ("legs", 3, 4097)])  # rank 2; poles on the axis; N / _RANK < 2 r
+def test_c_tilde_equals_the_dense_power(measure, N, L):
+    """Issue 32 item 1: S4's C~ = C (I - Ad^L) took a third of the layer's forward as dense (H, N, N) powers (O(N^3 log L));
+    _c_tilde keeps Ad = diag(e) + X Y^* and its powers diagonal plus low rank. Against NumPy's dense power in complex128, per
+    channel with its own step, on every branch (the low bits of L, products with the last low-rank power, the dense squarings)."""
+    Lam, P, B, _ = dplr(measure, N)
+    gen = torch.Generator().manual_seed(N + L)
+    dts = torch.tensor([1e-3, 0.02, 0.3], dtype=torch.float64)
+    C = torch.randn(3, N, dtype=torch.complex128, generator=gen)
+    Ct = engine._c_tilde(Lam.expand(3, N), P.expand(3, *P.shape), B, C, dts[:, None], L)
+    for h in range(3):
+        ref = np_c_tilde(Lam, P, C[h], dts[h].item(), L)
+        assert np.abs(Ct[h].numpy() - ref).max() < 1e-12 * np.abs(C[h].numpy()).max(), (h, np.abs(Ct[h].numpy() - ref).max())
+    Ct32 = engine._c_tilde(*(x.to(torch.complex64) for x in (Lam.expand(3, N), P.expand(3, *P.shape), B, C)), dts[:, None].float(), L)
+    assert Ct32.dtype == torch.complex64 and (Ct32 - Ct).abs().max() < 1e-6 * C.abs().max()  # computed in complex128, rounded once
+
+
+def test_c_tilde_branches_are_taken(monkeypatch):
+    "The cases above reach each branch of _c_tilde: counted by the products it forms (dense squarings only beyond _APPLY)."
+    Lam, P, B, _ = dplr("legs", 64)
+    C = torch.ones(64, dtype=torch.complex128)
+    dense = []
+    monkeypatch.setattr(torch, "diag_embed", lambda e, f=torch.diag_embed: dense.append(e.shape) or f(e))
+    engine._c_tilde(Lam, P, B, C, torch.tensor([0.01], dtype=torch.float64), 1000)
+    assert not dense  # 1000 = 62 x 16 + 8: no dense form
+    engine._c_tilde(Lam, P, B, C, torch.tensor([0.01], dtype=torch.float64), 1024 * 16 + 5)
+    assert len(dense) == 1  # 16389 >> 4 = 1024 > _APPLY products: the dense form of Ad^16, squared
+
+
+def test_solve_small_against_numpy():
+    "_solve_small: Cramer's rule for 2 x 2 systems (the bordered system of rank 1), torch.linalg.solve otherwise; against NumPy."
+    gen = torch.Generator().manual_seed(3)
+    for n in (1, 2, 3):
+        M = torch.randn(5, 7, n, n, dtype=torch.complex128, generator=gen) + 3 * torch.eye(n)
+        b = torch.randn(5, 7, n, dtype=torch.complex128, generator=gen)
+        x = engine._solve_small(M, b)
+        assert x.shape == b.shape and np.abs(x.numpy() - np.linalg.solve(M.numpy(), b.numpy()[..., None])[..., 0]).max() < 1e-14
+
+
+@pytest.mark.parametrize("block", [16, 40, 2**18])
+def test_cauchy_blocks_in_cache_sized_pieces(block, monkeypatch):
+    """Issue 32 item 1: the Cauchy sums of an S4 layer (H = 128, N = 64, L = 1024) ran in one block of 8M numbers (136 ms, one
+    thread); blocks of at most _BLOCK = 2^18 numbers (32 points there) take 23 ms. With _BLOCK small enough to split tiny
+    problems (at least 8 points a block), a batch with skipped poles equals the double loop, and the gradients pass gradcheck."""
+    monkeypatch.setattr(engine, "_BLOCK", block)
+    gen = torch.Generator().manual_seed(5)
+    v = torch.randn(2, 3, 4, dtype=torch.complex128, generator=gen)
+    g = torch.randn(2, 1, 21, dtype=torch.complex128, generator=gen)
+    lam = torch.randn(4, dtype=torch.complex128, generator=gen)
+    skip = torch.randint(0, 4, (21,), generator=gen)
+    loop = torch.tensor([[[[sum(v[b, m, n] / (g[a, 0, j] - lam[n]) for n in range(4) if n != skip[j]) for j in range(21)]
+                           for m in range(3)] for b in range(2)] for a in range(2)])  # batch (2,) of v against (2, 1) of g
+    assert (cauchy(v, g, lam, skip=skip) - loop).abs().max() < 1e-13 * loop.abs().max()
+    sizes = [w.shape[-1] for _, w in engine._blocks(v, g, lam, skip, 4096)]
+    assert sum(sizes) == 21 and max(sizes) == min(21, max(8, block // (2 * 2 * 4)))
+    args = [x.clone().requires_grad_() for x in (v, g, lam)]
+    assert torch.autograd.gradcheck(lambda a, b, c: cauchy(a, b, c, skip=skip), args)

@@ -511,7 +511,7 @@ def test_s4_training_saves_O_N_plus_L(monkeypatch):
                 y, saved[N, way] = _saved_bytes(lambda: layer(x))
                 runs[N, way] = (y,) + torch.autograd.grad(y.square().sum(), list(layer.parameters()))
         assert all(torch.equal(a, b) for a, b in zip(runs[N, "recomputed"], runs[N, "kept"])), N
-    assert saved[64, "kept"] > 16 * 2**20 and saved[128, "kept"] > 55 * 2**20  # the failure: 16.7, 58.9 MiB with the forward
+    assert saved[64, "kept"] > 4.5 * 2**20 and saved[128, "kept"] > 7.5 * 2**20  # kept: 5.03, 8.35 MiB (C~'s low-rank powers, issue 32; the dense powers were 16.7, 58.9)
     assert saved[64, "recomputed"] < 3 * 2**20 and saved[128, "recomputed"] < 1.1 * saved[64, "recomputed"]  # observed 2.64, 2.75 MiB
 
 

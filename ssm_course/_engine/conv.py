@@ -352,9 +352,15 @@ def _transformed(*xs):
     return any(torch._C._functorch.is_functorch_wrapped_tensor(x) for x in xs)
 
 # %% ../../nbs/engine/conv.ipynb #499d018f
+_BLOCK = 2**18  # numbers per Cauchy block at most (batch x N x points; at least 8 points): a block and its temporaries stay in cache
+
 def _blocks(v, g, lam, skip, chunk):
-    "Lesson 05's `_cauchy_blocks` (imported on first use: `ssm_course.conv` imports this module while it loads)."
+    """Lesson 05's `_cauchy_blocks` (imported on first use: `ssm_course.conv` imports this module while it loads), in blocks of
+    at most `chunk` points and, outside `torch.compile` (which would specialize on the sizes), at most `_BLOCK` numbers."""
     from ssm_course.conv import _cauchy_blocks
+    if not torch.compiler.is_compiling():
+        batch = broadcast_shapes(v.shape[:-2], g.shape[:-1], lam.shape[:-1], *([] if skip is None else [skip.shape[:-1]]))
+        chunk = min(chunk, max(8, _BLOCK // max(1, math.prod(batch) * lam.shape[-1])))
     return _cauchy_blocks(v, g, lam, skip, chunk)
 
 class _Cauchy(torch.autograd.Function):
@@ -411,6 +417,51 @@ def _matrix_power_bits(A, L):
         R = torch.where(((bits >> b) & 1).bool(), R @ A, R)
         A = A @ A
     return R
+
+# %% ../../nbs/engine/conv.ipynb #c7a1d3e5
+_RANK = 4  # the low-rank powers of $\bar A$ double while their rank stays at most N / _RANK ...
+_APPLY = 64  # ... then C takes at most _APPLY products with the last one; a larger rest of L squares its dense form first
+
+def _c_tilde(Lambda, P, B, C, dt, L):
+    """$\\tilde C = C(I - \\bar A^L)$ of the bilinear $\\bar A$ (`dt` of shape (..., 1)), in complex128 whatever the inputs' precision,
+    keeping $\\bar A = \\mathrm{diag}(e) + XY^*$ (rank r) and its powers diagonal plus low rank; under `torch.compile`, lesson 05's
+    `_dense_c_tilde` (one graph for every L). `B` is not used (the arguments are `_dense_c_tilde`'s)."""
+    if torch.compiler.is_compiling():
+        from ssm_course.conv import _dense_c_tilde  # ssm_course.conv imports this module while it loads
+        return _dense_c_tilde(Lambda, P, B, C, dt, L)
+    c128 = lambda x: x.to(torch.complex128)
+    lam, U, w = c128(Lambda), c128(P).mT, c128(C)  # (..., N), (..., N, r): A = diag(lam) - U U^*, (..., N)
+    g = 2 / dt.double()  # (..., 1)
+    d = g - lam  # (..., N): gI - A = diag(d) + U U^*
+    Ud = U / d[..., None]  # D^{-1} U
+    S = torch.eye(U.shape[-1], dtype=U.dtype, device=U.device) + U.mH @ Ud  # (..., r, r)
+    # A-bar = 2g (gI - A)^{-1} - I = diag(e) + X Y^*, Woodbury: X = -2g D^{-1} U S^{-1}, Y^* = U^* D^{-1}
+    level = ((g + lam) / d, -2 * g[..., None] * torch.linalg.solve(S.mT, Ud.mT).mT, U / d.conj()[..., None])
+    levels, N = [level], lam.shape[-1]
+    while 2 ** len(levels) <= L and 2 * levels[-1][1].shape[-1] <= max(1, N // _RANK):  # A-bar^(2^j) -> A-bar^(2^(j+1)), rank 2k
+        e, X, Y = levels[-1]  # (D + XY^*)^2 = D^2 + [DX + X(Y^*X), X] [Y, D^*Y]^*
+        levels.append((e * e, torch.cat([e[..., None] * X + X @ (Y.mH @ X), X], -1), torch.cat([Y, e.conj()[..., None] * Y], -1)))
+    times = lambda w, e, X, Y: w * e + ((w[..., None, :] @ X) @ Y.mH)[..., 0, :]  # w (diag(e) + X Y^*)
+    J = len(levels) - 1
+    for j in range(J):  # the low bits of L
+        if (L >> j) & 1: w = times(w, *levels[j])
+    q, (e, X, Y) = L >> J, levels[J]  # the rest: q products with A-bar^(2^J)
+    if q > _APPLY:  # dense squarings until at most _APPLY products are left
+        M = torch.diag_embed(e) + X @ Y.mH
+        while q > _APPLY:
+            if q & 1: w = (w[..., None, :] @ M)[..., 0, :]
+            M, q = M @ M, q >> 1
+        for _ in range(q): w = (w[..., None, :] @ M)[..., 0, :]
+    else:
+        for _ in range(q): w = times(w, e, X, Y)
+    return (c128(C) - w).to(C.dtype)
+
+# %% ../../nbs/engine/conv.ipynb #c7a1d3e9
+def _solve_small(M, b):
+    "`torch.linalg.solve(M, b)` for M (..., n, n) and b (..., n); for n = 2 by Cramer's rule (forward stable for 2 x 2 systems), in elementwise operations."
+    if M.shape[-1] != 2: return torch.linalg.solve(M, b)
+    (a, c), (e, d) = M[..., 0, :].unbind(-1), M[..., 1, :].unbind(-1)
+    return torch.stack([d * b[..., 0] - c * b[..., 1], a * b[..., 1] - e * b[..., 0]], -1) / (a * d - c * e)[..., None]
 
 # %% ../../nbs/engine/conv.ipynb #eee02747
 from torch.utils.checkpoint import checkpoint
