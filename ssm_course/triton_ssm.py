@@ -145,6 +145,7 @@ def _perf_kdiag():
         else: io = 24 * progs * N + 8 * H * L + 16 * progs * N * 2  # gradient read; partial sums written and read back
         rows.append(_op("ssm_kernel_diag", direction, KDIAG_SHAPE, [{"kernel": f"_kdiag_{direction}_kernel", "bytes": io, "flops": mma, "tf32": True,
                                                                    "fp32_flops": poly, "transcendentals": special}]))
+        rows[-1]["issue"] = [{"kernel": f"_kdiag_{direction}_kernel", "variant": "complex64", "elements": progs * steps * R * T * BN}]  # the loop over lags: (lag, state) pairs
     return rows
 
 # %% ../nbs/11b_triton_selective.ipynb #17dc7cd7
@@ -937,6 +938,17 @@ def _perf_ssd(dtype=torch.float32, Q=64):
     cbb = {"kernel": "_ssd_cb_bwd_kernel", "bytes": GCB + BC + 2 * 4 * b * l * g * n, "flops": mm(4 * b * l * g * Q * n * tri), "tf32": True}  # every head's dCB
     sums = {"kernel": "PyTorch: per-head dB, dC summed over heads; the two dx, ddt added", "bytes": 2 * G32 + 6 * 4 * b * l * g * n + 3 * 4 * b * l * h * (p + 1)}
     bwd = dict(_op("ssd", "bwd", SSD_SHAPE, [ob, gc, osb, pb, sb, sg, cbb, sums], str(dtype).removeprefix("torch.")), **unit)
+    v = next((f"{name}: Q={Q}, p={p}, n={n}, {fwd['dtype']}" for name, q, pp, nn, dts in SSD_SWEEP if (q, pp, nn) == (Q, p, n) and fwd["dtype"] in dts), None)
+    if v is not None:  # the issued instructions, where this shape is compiled: each loop of products over its multiply-adds, the state passing over S's entries
+        TW = Q // BW
+        macs = {"C B^T": b * l * g * Q * n * tri, "steps": b * l * h * p * n, "causal": b * l * h * Q * p * tri, "state": b * l * h * p * n, "p": b * l * h * p * n,
+                "n": b * l * h * p * n, "dC": b * l * g * Q * n * tri, "dB": b * l * g * Q * n * tri, "dC, dB": 2 * b * l * g * Q * n * tri}
+        macs_bwd = {"causal": 2 * b * l * h * Q * p * (TW + 1) / (2 * TW)}  # the chunk-output backward's blocks of BW steps: two products each
+        loops = _ssd_loops(p, n, Q, bf)
+        issue = lambda ks, m: [{"kernel": k, "variant": v, "loop": name, "elements": m.get(name, macs[name])} for k in ks for name in loops[k]]
+        fwd["issue"] = issue(["_ssd_cb_kernel", "_ssd_state_kernel", "_ssd_out_kernel"], {}) + [{"kernel": "_ssd_pass_kernel", "variant": v, "elements": S // 4}]
+        bwd["issue"] = (issue(["_ssd_out_bwd_kernel"], macs_bwd) + issue(["_ssd_out_gC_kernel", "_ssd_out_state_bwd_kernel", "_ssd_state_bwd_kernel", "_ssd_state_gB_kernel", "_ssd_cb_bwd_kernel"], {})
+                        + [{"kernel": "_ssd_pass_bwd_kernel", "variant": v, "elements": S // 4}])
     return [fwd, bwd]
 
 # %% ../nbs/engine/triton_ssm.ipynb #5684aa57
@@ -987,6 +999,19 @@ def _ssd_config(p, n, Q, bf16=False, gpu:bool|None=None):
     if _interpreted(gpu): return min(Q, 16), min(PW, 16), 16, PW, min(Q, 16)
     t = 64 if bf16 else 32
     return min(Q, t), min(PW, t), min(max(16, triton.next_power_of_2(n)), t), PW, min(Q, t // 2)
+
+def _ssd_loops(p, n, Q, bf16=False):
+    """Per SSD kernel of matrix products, the multiply-adds of one trip through each of its loops of products (the loops lesson 10b's `mma_loops`
+    finds in its machine code, in address order), by name. A loop whose single trip is known when compiling is no loop: a kernel left without one
+    is counted whole, as one trip of its program's products; the chunk outputs' diagonal block (Q = BQ) is then outside its one loop, not counted."""
+    BQ, BP, BN, PW, BW = _ssd_config(p, n, Q, bf16, gpu=True)
+    TQ = Q // BQ
+    return {"_ssd_cb_kernel": {"C B^T": BQ * BQ * BN}, "_ssd_state_kernel": {"steps": BQ * BP * BN},
+            "_ssd_out_kernel": {**({"causal": BQ * BQ * BP} if TQ > 1 else {}), "state": BQ * BN * BP},
+            "_ssd_out_bwd_kernel": {"causal": 2 * BW * BW * PW},  # two products per block: dy (x dt)^T and (CB o decay)^T dy
+            "_ssd_out_gC_kernel": {"p": BQ * BP * BN}, "_ssd_out_state_bwd_kernel": {"steps": BQ * BP * BN},
+            "_ssd_state_bwd_kernel": {"n": BW * PW * BN}, "_ssd_state_gB_kernel": {"p": BQ * BP * BN},
+            "_ssd_cb_bwd_kernel": {"dC": BQ * BQ * BN, "dB": BQ * BQ * BN} if TQ > 1 else {"dC, dB": 2 * BQ * BQ * BN}}
 
 SSD_MAX_P, SSD_MAX_N = 128, 256  # the largest head dimension and state the SSD tiles are compiled and checked for (SSD_SWEEP's largest)
 _SSD_SHARED = {torch.float32: 34_880, torch.bfloat16: 42_240}  # the most shared memory an SSD program takes over SSD_SWEEP on sm_80/86/90 (lesson 11c, section 6)
@@ -1385,9 +1410,11 @@ def perf_model()->list: # one dict per op and direction at the bench/gpu.py shap
     return _perf_kdiag() + _perf_kdiag_torch() + _perf_selective() + _perf_ssd()  # float32, as bench/gpu.py times them
 
 # %% ../nbs/engine/triton_ssm.ipynb #k6cd0003
-def _spec(fn, variant, args, constexprs, num_warps=4, num_stages=3, dot=False, vector_loads=False, options:dict|None=None, elements_per_iteration=None):
-    "A compile spec as Triton's launcher would specialise the call: pointers (given by dtype) 16-byte aligned, integers equal to 1 made constants, multiples of 16 marked divisible; `elements_per_iteration`: what one program handles per trip through its innermost loop (lesson 10b's `hot_loop`)."
+def _spec(fn, variant, args, constexprs, num_warps=4, num_stages=3, dot=False, vector_loads=False, options:dict|None=None, elements_per_iteration=None, hot_loops=None):
+    """A compile spec as Triton's launcher would specialise the call: pointers (given by dtype) 16-byte aligned, integers equal to 1 made constants, multiples of 16 marked divisible;
+    `elements_per_iteration`: what one program handles per trip through its innermost loop (lesson 10b's `hot_loop`), or with `hot_loops="mma"` through each loop of matrix products, by name (`mma_loops`)."""
     extra = {} if elements_per_iteration is None else dict(elements_per_iteration=elements_per_iteration)
+    if hot_loops: extra["hot_loops"] = hot_loops
     return dict(kernel=fn.__name__, variant=variant, fn=fn, **jit_signature(fn, args, constexprs),
                 num_warps=num_warps, num_stages=num_stages, dot=dot, vector_loads=vector_loads, options=options or {}, **extra)
 
@@ -1397,7 +1424,8 @@ def _specs_kdiag():
     for fn, bwd, ptrs in [(_kdiag_fwd_kernel, False, ("w_ptr", "k_ptr")), (_kdiag_bwd_kernel, True, ("g_ptr", "s_ptr"))]:
         BN, T, R, lags, nw, ns = _kdiag_config(L, N, bwd, gpu=True)
         args = dict(logr_ptr=torch.float64, turns_ptr=torch.float64, **{p: torch.float32 for p in ptrs}, N=N, L=L, LAGS=lags)
-        out.append(_spec(fn, "complex64", args, dict(BLOCK_N=BN, T=T, ROWS=R, PREC="tf32x3"), nw, ns, dot=True, vector_loads=bwd))  # the forward loads only (H, N) vectors
+        out.append(_spec(fn, "complex64", args, dict(BLOCK_N=BN, T=T, ROWS=R, PREC="tf32x3"), nw, ns, dot=True, vector_loads=bwd,  # the forward loads only (H, N) vectors
+                         elements_per_iteration=R * T * BN))  # a trip of the loop over lags: ROWS x T lags x BLOCK_N states
     return out
 
 SELECTIVE_SWEEP = (16, 64, 128, 256)  # states per channel: Mamba's default, and up to mamba's limit
@@ -1445,23 +1473,28 @@ def _specs_ssd(sweep=SSD_SWEEP):
         for ty in dtypes:
             t, bf = getattr(torch, ty), ty == "bfloat16"
             BQ, BP, BN, PW, BW = _ssd_config(p, n, Q, bf, gpu=True)
-            v, dk, k = f"{name}: Q={Q}, p={p}, n={n}, {ty}", dict(BF16=bf, EMU=False), dict(dot=True, vector_loads=True, **_SSD_LAUNCH)
+            v, dk = f"{name}: Q={Q}, p={p}, n={n}, {ty}", dict(BF16=bf, EMU=False)
+            k = dict(dot=True, vector_loads=True, hot_loops="mma", **_SSD_LAUNCH)  # issue counted over the loops of products: multiply-adds per trip
             tile = dict(Q=Q, BQ=BQ, BLOCK_P=BP, BLOCK_N=BN, **dk)
-            out += [_spec(_ssd_cb_kernel, v, dict(C_ptr=t, B_ptr=t, cb_ptr=f, L=l, G=g, N=n, NC=nc), dict(Q=Q, BQ=BQ, BLOCK_N=BN, **dk), **{**k, "num_warps": 8}),
+            per = _ssd_loops(p, n, Q, bf)
+            specs = [_spec(_ssd_cb_kernel, v, dict(C_ptr=t, B_ptr=t, cb_ptr=f, L=l, G=g, N=n, NC=nc), dict(Q=Q, BQ=BQ, BLOCK_N=BN, **dk), **{**k, "num_warps": 8}),
                     _spec(_ssd_state_kernel, v, dict(x_ptr=t, dt_ptr=t, B_ptr=t, cum_ptr=f, s_ptr=f, **sizes), tile, **k),
                     _spec(_ssd_pass_kernel, v, dict(S_ptr=f, dsum_ptr=f, h0_ptr=t, hin_ptr=f, last_ptr=f, n_heads=h, PN=p * n, NC=nc),
-                          dict(HAS_H0=True, BLOCK=_PASS_BLOCK), vector_loads=True, **_SSD_LAUNCH),
+                          dict(HAS_H0=True, BLOCK=_PASS_BLOCK), vector_loads=True, elements_per_iteration=_PASS_BLOCK, **_SSD_LAUNCH),  # per trip of the shortest loop: BLOCK entries of one chunk
                     _spec(_ssd_out_kernel, v, dict(x_ptr=t, dt_ptr=t, C_ptr=t, cb_ptr=f, cum_ptr=f, hin_ptr=f, y_ptr=t, **sizes), tile, **k),
                     _spec(_ssd_out_bwd_kernel, v, dict(x_ptr=t, dt_ptr=t, cb_ptr=f, cum_ptr=f, gy_ptr=t, gx_ptr=f, gdt_ptr=f, gda_ptr=f, gcb_ptr=f,
                                                        L=l, n_heads=h, head_dim=p, G=g, NC=nc), dict(Q=Q, BQ=BW, BLOCK_P=PW, **dk), **{**k, "num_warps": 8}),
                     _spec(_ssd_out_gC_kernel, v, dict(C_ptr=t, cum_ptr=f, hin_ptr=f, gy_ptr=t, gcum_ptr=f, gC_ptr=f, **sizes), tile, **k),
                     _spec(_ssd_out_state_bwd_kernel, v, dict(C_ptr=t, cum_ptr=f, gy_ptr=t, ghin_ptr=f, **sizes), tile, **k),
                     _spec(_ssd_pass_bwd_kernel, v, dict(hin_ptr=f, dsum_ptr=f, ghin_ptr=f, glast_ptr=f, gS_ptr=f, gdsum_ptr=f, gh0_ptr=f, n_heads=h, PN=p * n, NC=nc),
-                          dict(HAS_H0=True, BLOCK=_PASS_BLOCK), vector_loads=True, **_SSD_LAUNCH),
+                          dict(HAS_H0=True, BLOCK=_PASS_BLOCK), vector_loads=True, elements_per_iteration=_PASS_BLOCK, **_SSD_LAUNCH),
                     _spec(_ssd_state_bwd_kernel, v, dict(x_ptr=t, dt_ptr=t, B_ptr=t, cum_ptr=f, gs_ptr=f, gx_ptr=f, gdt_ptr=f, r_ptr=f, **sizes),
                           dict(Q=Q, BQ=BW, BLOCK_P=PW, BLOCK_N=BN, **dk), **k),
                     _spec(_ssd_state_gB_kernel, v, dict(x_ptr=t, dt_ptr=t, cum_ptr=f, gs_ptr=f, gB_ptr=f, L=l, n_heads=h, head_dim=p, N=n, NC=nc), tile, **k),
                     _spec(_ssd_cb_bwd_kernel, v, dict(C_ptr=t, B_ptr=t, gcb_ptr=f, gC_ptr=f, gB_ptr=f, L=l, G=g, N=n, NC=nc, HPG=h // g), dict(Q=Q, BQ=BQ, BLOCK_N=BN, **dk), **{**k, "num_warps": 8})]
+            for sp in specs:
+                if sp.get("hot_loops"): sp["elements_per_iteration"] = per[sp["kernel"]]
+            out += specs
     for s in out:
         if not s["variant"].startswith("bench"): s["sweep"] = dict(zip(("chunk", "p", "n"), map(int, re.findall(r"=(\d+)", s["variant"]))))  # a point of the shape sweep (tests/test_compile.py samples them)
     return out

@@ -223,3 +223,49 @@ def test_command_line_refuses_bad_options(args, msg, capsys):
     assert e.value.code == 2 and err[0].startswith("usage: ") and f"error: {msg}" in err[-1], err
     with pytest.raises(ValueError, match="kernels: no compile spec"): gpu_report.report(("ssm_course.triton_scan",), kernels=["nothing_kernel"])
     with pytest.raises(ValueError, match=r"archs: unknown architecture\(s\) \[70\]"): gpu_report.report(archs=(70,))
+
+
+def test_ssd_and_kdiag_issue_from_every_loop_of_products(compiled):
+    """Issue 29 item 5: the SSD kernels count each loop that issues tensor-core instructions (lesson 10b's mma_loops), not the
+    innermost loop: the chunk outputs' two loops (the causal blocks, then the entering state), the C B^T backward's two loops of
+    products around its loops over heads; a kernel whose one trip is known when compiling counts its whole listing."""
+    rs = {(r["kernel"], r["variant"]): r for r in of(compiled, "ssm_course.triton_ssm") if r["arch"] == 90}
+    f32, b16 = "bench: Q=64, p=64, n=128, float32", "bench: Q=64, p=64, n=128, bfloat16"
+    out = rs["_ssd_out_kernel", f32]
+    assert list(out["hot_loops"]) == ["causal", "state"] and all(l["loop"] and l["mma"] > 0 for l in out["hot_loops"].values())
+    assert out["hot_loops"]["causal"]["instructions"] > out["hot_loops"]["state"]["instructions"]  # the shortest loop is not the only hot one
+    cbb = rs["_ssd_cb_bwd_kernel", f32]["hot_loops"]
+    assert list(cbb) == ["dC", "dB"] and all(l["mma"] > 0 for l in cbb.values())
+    assert [l["loop"] for l in rs["_ssd_cb_bwd_kernel", b16]["hot_loops"].values()] == [False]  # one block per chunk: no loop of products
+    assert list(rs["_ssd_out_kernel", b16]["hot_loops"]) == ["state"]
+    assert rs["_ssd_pass_kernel", f32]["hot_loop"]["special functions"] == 1  # one chunk per trip: one exponential of its decay
+    assert rs["_kdiag_fwd_kernel", "complex64"]["hot_loop"]["loop"]
+
+
+def test_ssd_and_kdiag_issue_floors(compiled):
+    """The SSD rows (float32, bench shape) and the kdiag rows have an issue floor: the sm_90 loops' thread-instructions (SASS count x 32 x
+    warps per trip) over each trip's multiply-adds (or elements), times the op's multiply-adds at this shape, over 3.3e13/s. The float32
+    SSD (three TF32 passes per product: split, convert, three mma) and the kdiag kernel are bound by issue; the bound is the largest floor."""
+    rs = {(r["kernel"], r["variant"]): r for r in of(compiled, "ssm_course.triton_ssm") if r["arch"] == 90}
+    perf = {(r["op"], r["direction"]): r for r in compiled["perf"]}
+    rate, v = 132 * 4 * 32 * 1.98e9, "bench: Q=64, p=64, n=128, float32"
+    b, l, h, p, n, Q = 2, 4096, 32, 64, 128, 64
+    per = lambda k, loop, trip: (rs[k, v]["hot_loops"][loop] if loop else rs[k, v]["hot_loop"])["instructions"] * 32 * rs[k, v]["num_warps"] / trip
+    tri = 3 / 4  # blocks of 32 steps: 3 of the 4 blocks of a 64 x 64 chunk are on or below the diagonal
+    fwd = (per("_ssd_cb_kernel", "C B^T", 32 ** 3) * b * l * Q * n * tri + per("_ssd_state_kernel", "steps", 32 ** 3) * b * l * h * p * n
+           + per("_ssd_out_kernel", "causal", 32 ** 3) * b * l * h * Q * p * tri + per("_ssd_out_kernel", "state", 32 ** 3) * b * l * h * p * n
+           + per("_ssd_pass_kernel", None, 1024) * b * h * p * n * (l // Q))
+    assert perf["ssd", "fwd"]["ms_issue"] == pytest.approx(1e3 * fwd / rate, rel=1e-3)
+    assert perf["ssd", "fwd"]["bound"] == perf["ssd", "bwd"]["bound"] == "issue" and perf["ssd", "fwd"]["ms_issue"] > 1.5 * perf["ssd", "fwd"]["ms_memory"]
+    H, N, L = 1024, 64, 16384
+    kd = rs["_kdiag_fwd_kernel", "complex64"]
+    assert perf["ssm_kernel_diag", "fwd"]["ms_issue"] == pytest.approx(1e3 * kd["hot_loop"]["instructions"] * 32 * 8 / (16 * 64 * 64) * H * L * N / rate, rel=1e-3)
+    for k in (("ssd", "fwd"), ("ssd", "bwd"), ("ssm_kernel_diag", "fwd"), ("ssm_kernel_diag", "bwd")):
+        r = perf[k]
+        assert r["bound"] == "issue" and r["floor_ms"] == r["ms_issue"] == max(r[c] for c in ("ms_memory", "ms_compute", "ms_sfu", "ms_issue")), k
+
+
+def test_every_loop_of_products_is_named(compiled):
+    "Every SSD spec compiled for sm_80 and sm_90 names as many loops of products as its machine code has (else the row has no count, and says why)."
+    rs = [r for r in of(compiled, "ssm_course.triton_ssm") if r["kernel"].startswith("_ssd") and r["dot"] and r["error"] is None]
+    assert rs and not [(name(r), r["hot_loops_error"]) for r in rs if r.get("hot_loops_error") or not isinstance(r.get("instructions_per_element"), dict)]
