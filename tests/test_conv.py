@@ -995,3 +995,35 @@ def test_cauchy_blocks_in_cache_sized_pieces(block, monkeypatch):
     assert sum(sizes) == 21 and max(sizes) == min(21, max(8, block // (2 * 2 * 4)))
     args = [x.clone().requires_grad_() for x in (v, g, lam)]
     assert torch.autograd.gradcheck(lambda a, b, c: cauchy(a, b, c, skip=skip), args)
+
+
+@pytest.mark.parametrize("p", [0, 3, 15, 16, 40, 63, 64, 100, 199])
+def test_first_big_step_on_both_sides_of_each_window(p):
+    """Issue 32 item 2: step 2 looks for each row's first big step among its first 16 steps, then 64, then the whole row
+    (_FIRST). Rows whose first big step lies before, at and after each window get the step of the definition (the first t
+    with max|u_0..t| max|K_0..t| >= max|u| max|K| / 16), and the outputs before it stay the prefix's direct sums."""
+    L = 200
+    g = torch.Generator().manual_seed(p)
+    u = torch.randn(3, L, generator=g, dtype=torch.float64) * 1e-3
+    u[:, p] = 100.0  # (largest |u| so far) x (largest |K| so far) jumps 1e5-fold at step p
+    K = torch.ones(L, dtype=torch.float64) + 0.1 * torch.rand(L, generator=g, dtype=torch.float64)
+    hu, hK = engine._absmax(u), engine._absmax(K)
+    M = u.abs().cummax(-1).values * K.abs().cummax(-1).values
+    expected = (M >= (hu * hK / 16)[:, None]).to(torch.uint8).argmax(-1)
+    assert torch.equal(expected, torch.full((3,), p)) and torch.equal(engine._first_big(u, K, hu, hK), expected)
+    y = causal_conv(u, K)
+    if p: torch.testing.assert_close(y[:, :p], np_conv(u[:, :p], K[:p]), rtol=1e-13, atol=1e-18)  # the huge step leaves no rounding in them
+    torch.testing.assert_close(y, np_conv(u, K), rtol=1e-12, atol=1e-12 * 100 * L)
+
+
+def test_first_big_step_reads_few_steps_on_ordinary_data(monkeypatch):
+    """Issue 32 item 2: on ordinary data (the sweep's causal_conv data, every row's first big step within 9 steps) the search
+    reads the first 16 steps of each row, not 64: cummax over 64 steps of every row took as long as the FFT at (32, 32, 128)."""
+    g = torch.Generator().manual_seed(4)
+    u, K = torch.randn(64, 32, 784, generator=g), torch.randn(32, 784, generator=g) / math.sqrt(784)
+    seen, cummax = [], torch.Tensor.cummax
+    monkeypatch.setattr(torch.Tensor, "cummax", lambda x, *a, **k: seen.append(x.shape[-1]) or cummax(x, *a, **k))
+    y = engine._causal_torch(u, K)
+    assert seen and max(seen) == 16
+    monkeypatch.undo()
+    assert (y.double() - np_conv(u, K)).abs().max() < 1e-6 * np_conv(u, K).abs().max()

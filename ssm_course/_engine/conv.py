@@ -19,6 +19,7 @@ from ..discretize import _check_dt
 # %% ../../nbs/engine/conv.ipynb #9ac0153a
 _GUARD = 16.0  # an input or tap that makes (largest |u| so far) x (largest |K| so far) jump by more than _GUARD takes no part in the earlier outputs
 _DIRECT = 64  # step 2 recomputes prefixes up to this long by the direct sums (O(P^2), causal term by term), not another FFT pass
+_FIRST = (16, 64)  # step 2 looks for each row's first big step among its first 16 steps, then 64, then all (cummax over 64 steps of every row cost as much as the FFT at small sizes)
 
 def _huge(dtype):
     "Rows whose largest value reaches this are scaled down by a power of 2 before the FFT (spectra stay far from overflow)."
@@ -70,8 +71,9 @@ def _first_big(u, K, hu, hK):
         mK = K[..., :n].abs().cummax(-1).values / torch.where(hK > 0, hK, math.inf)[..., None]  # <= 1: no overflow; 0 where K = 0
         if mK.shape[-1] < n: mK = torch.cat([mK, mK[..., -1:].expand(*mK.shape[:-1], n - mK.shape[-1])], -1)  # a kernel shorter than n
         return u[..., :n].abs().cummax(-1).values * mK >= (hu / _GUARD)[..., None]
-    win = first(min(64, u.shape[-1]))  # usually found among the first steps: no pass over the whole row
-    if not bool((win.any(-1) | (hK == 0)).all()): win = first(u.shape[-1])  # true at the last step (unless K = 0: then y = 0)
+    for n in (*_FIRST, u.shape[-1]):  # usually found among the first few steps: no pass over the whole row
+        win = first(min(n, u.shape[-1]))
+        if n >= u.shape[-1] or bool((win.any(-1) | (hK == 0)).all()): break  # true at the last step (unless K = 0: then y = 0)
     return win.to(torch.uint8).argmax(-1)
 
 def _absmax(x):
