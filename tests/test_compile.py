@@ -232,34 +232,37 @@ def test_ssd_and_kdiag_issue_from_every_loop_of_products(compiled):
     rs = {(r["kernel"], r["variant"]): r for r in of(compiled, "ssm_course.triton_ssm") if r["arch"] == 90}
     f32, b16 = "bench: Q=64, p=64, n=128, float32", "bench: Q=64, p=64, n=128, bfloat16"
     out = rs["_ssd_out_kernel", f32]
-    assert list(out["hot_loops"]) == ["causal", "state"] and all(l["loop"] and l["mma"] > 0 for l in out["hot_loops"].values())
+    assert list(out["hot_loops"]) == ["causal", "state", "program"] and all(out["hot_loops"][k]["loop"] and out["hot_loops"][k]["mma"] > 0 for k in ("causal", "state"))
     assert out["hot_loops"]["causal"]["instructions"] > out["hot_loops"]["state"]["instructions"]  # the shortest loop is not the only hot one
     cbb = rs["_ssd_cb_bwd_kernel", f32]["hot_loops"]
-    assert list(cbb) == ["dC", "dB"] and all(l["mma"] > 0 for l in cbb.values())
+    assert list(cbb) == ["dC", "dB", "program"] and cbb["dC"]["mma"] > 0 and cbb["dB"]["mma"] > 0 and not cbb["program"]["loop"]
     assert [l["loop"] for l in rs["_ssd_cb_bwd_kernel", b16]["hot_loops"].values()] == [False]  # one block per chunk: no loop of products
-    assert list(rs["_ssd_out_kernel", b16]["hot_loops"]) == ["state"]
+    assert list(rs["_ssd_out_kernel", b16]["hot_loops"]) == ["state", "program"]  # the diagonal block: code outside the loop
     assert rs["_ssd_pass_kernel", f32]["hot_loop"]["special functions"] == 1  # one chunk per trip: one exponential of its decay
-    assert rs["_kdiag_fwd_kernel", "complex64"]["hot_loop"]["loop"]
+    assert list(rs["_kdiag_fwd_kernel", "complex64"]["hot_loops"]) == ["lags", "program"]
 
 
 def test_ssd_and_kdiag_issue_floors(compiled):
     """The SSD rows (float32, bench shape) and the kdiag rows have an issue floor: the sm_90 loops' thread-instructions (SASS count x 32 x
-    warps per trip) over each trip's multiply-adds (or elements), times the op's multiply-adds at this shape, over 3.3e13/s. The float32
+    warps per trip) over each trip's multiply-adds (or elements), times the op's multiply-adds at this shape, plus the code outside the
+    loops (SASS count x 32 x warps) once per program, over 3.3e13/s. The float32
     SSD (three TF32 passes per product: split, convert, three mma) and the kdiag kernel are bound by issue; the bound is the largest floor."""
     rs = {(r["kernel"], r["variant"]): r for r in of(compiled, "ssm_course.triton_ssm") if r["arch"] == 90}
     perf = {(r["op"], r["direction"]): r for r in compiled["perf"]}
     rate, v = 132 * 4 * 32 * 1.98e9, "bench: Q=64, p=64, n=128, float32"
     b, l, h, p, n, Q = 2, 4096, 32, 64, 128, 64
-    per = lambda k, loop, trip: (rs[k, v]["hot_loops"][loop] if loop else rs[k, v]["hot_loop"])["instructions"] * 32 * rs[k, v]["num_warps"] / trip
+    per = lambda k, loop, trip, v=v: (rs[k, v]["hot_loops"][loop] if loop else rs[k, v]["hot_loop"])["instructions"] * 32 * rs[k, v]["num_warps"] / trip
     tri = 3 / 4  # blocks of 32 steps: 3 of the 4 blocks of a 64 x 64 chunk are on or below the diagonal
     fwd = (per("_ssd_cb_kernel", "C B^T", 32 ** 3) * b * l * Q * n * tri + per("_ssd_state_kernel", "steps", 32 ** 3) * b * l * h * p * n
            + per("_ssd_out_kernel", "causal", 32 ** 3) * b * l * h * Q * p * tri + per("_ssd_out_kernel", "state", 32 ** 3) * b * l * h * p * n
-           + per("_ssd_pass_kernel", None, 1024) * b * h * p * n * (l // Q))
+           + per("_ssd_pass_kernel", None, 1024) * b * h * p * n * (l // Q)
+           + per("_ssd_cb_kernel", "program", 1) * b * (l // Q) * 3 + per("_ssd_state_kernel", "program", 1) * b * h * (l // Q) * 2 * 4
+           + per("_ssd_out_kernel", "program", 1) * b * h * (l // Q) * 2 * 2)  # programs: 3 blocks of C B^T per chunk; 2 x 4 state tiles; 2 x 2 output tiles
     assert perf["ssd", "fwd"]["ms_issue"] == pytest.approx(1e3 * fwd / rate, rel=1e-3)
     assert perf["ssd", "fwd"]["bound"] == perf["ssd", "bwd"]["bound"] == "issue" and perf["ssd", "fwd"]["ms_issue"] > 1.5 * perf["ssd", "fwd"]["ms_memory"]
     H, N, L = 1024, 64, 16384
-    kd = rs["_kdiag_fwd_kernel", "complex64"]
-    assert perf["ssm_kernel_diag", "fwd"]["ms_issue"] == pytest.approx(1e3 * kd["hot_loop"]["instructions"] * 32 * 8 / (16 * 64 * 64) * H * L * N / rate, rel=1e-3)
+    kd = per("_kdiag_fwd_kernel", "lags", 16 * 64 * 64, "complex64") * H * L * N + per("_kdiag_fwd_kernel", "program", 1, "complex64") * H * 4  # 4 programs per channel
+    assert perf["ssm_kernel_diag", "fwd"]["ms_issue"] == pytest.approx(1e3 * kd / rate, rel=1e-3)
     for k in (("ssd", "fwd"), ("ssd", "bwd"), ("ssm_kernel_diag", "fwd"), ("ssm_kernel_diag", "bwd")):
         r = perf[k]
         assert r["bound"] == "issue" and r["floor_ms"] == r["ms_issue"] == max(r[c] for c in ("ms_memory", "ms_compute", "ms_sfu", "ms_issue")), k
