@@ -886,6 +886,7 @@ def test_causal_conv_head_sums_on_both_sides_of_direct(p, dtype, monkeypatch):
     tap = K.clone(); tap[0, 2 * p + 3] = 1e6
     un, calls, head_sums = u.double().numpy(), [], engine._head_sums
     monkeypatch.setattr(engine, "_head_sums", lambda u_, K_, P: (calls.append((u_.shape, K_.shape, P)), head_sums(u_, K_, P))[1])
+    monkeypatch.setattr(engine, "_heads", None)  # step 2 as torch operations (with numba, _heads does it: test_guard_fused_*)
     for Kx, n_ok in ((K, L), (tap, 2 * p + 3)):
         ux, Kx = u.to(dtype), Kx.to(dtype)
         calls.clear()
@@ -1022,8 +1023,54 @@ def test_first_big_step_reads_few_steps_on_ordinary_data(monkeypatch):
     g = torch.Generator().manual_seed(4)
     u, K = torch.randn(64, 32, 784, generator=g), torch.randn(32, 784, generator=g) / math.sqrt(784)
     seen, cummax = [], torch.Tensor.cummax
+    monkeypatch.setattr(engine, "_heads", None)  # the torch operations' search (with numba, _heads searches: test_guard_fused_*)
     monkeypatch.setattr(torch.Tensor, "cummax", lambda x, *a, **k: seen.append(x.shape[-1]) or cummax(x, *a, **k))
     y = engine._causal_torch(u, K)
     assert seen and max(seen) == 16
     monkeypatch.undo()
     assert (y.double() - np_conv(u, K)).abs().max() < 1e-6 * np_conv(u, K).abs().max()
+
+
+@pytest.mark.skipif(engine._heads is None, reason="numba is not installed: step 2 runs as torch operations")
+def test_guard_fused_with_numba_on_ordinary_data(monkeypatch):
+    """Issue 32 item 2: with numba, step 2 of the torch path (each row's first big step, the direct sums before it) is one compiled
+    pass over the rows (_heads) instead of some 20 torch operations: causal_conv took 1.6 instead of 2.6 times the torch.fft
+    one-liner's time at (32, 32, 128) and (64, 32, 784). On the sweep's data it runs without the torch search (which fails here
+    if called) and equals the float64 reference; broadcast rows, float64 and a 1-d call too."""
+    monkeypatch.setattr(engine, "_first_big", lambda *a: pytest.fail("step 2 ran as torch operations"))
+    g = torch.Generator().manual_seed(4)
+    for us, ks, dtype in [((32, 32, 128), (32, 128), torch.float32), ((3, 1, 50), (4, 50), torch.float64), ((70,), (70,), torch.float32)]:
+        u, K = torch.randn(us, generator=g, dtype=dtype), torch.randn(ks, generator=g, dtype=dtype) / math.sqrt(us[-1])
+        y, ref = engine._causal_torch(u, K), np_conv(u, K)
+        assert y.dtype == dtype and (y.double() - ref).abs().max() < (1e-14 if dtype == torch.float64 else 1e-6) * ref.abs().max()
+
+
+@pytest.mark.parametrize("p", [5, 63, 64, 150])
+@pytest.mark.parametrize("fused", [True, False])
+def test_guard_fused_and_torch_ops_agree(p, fused, monkeypatch):
+    """Both sides of _heads' window (a first big step before step 64: compiled; from 64 on: the torch operations' levels) and both
+    implementations (numba's, the torch operations'): the outputs before a 1e6 input at step p stay the prefix's direct sums."""
+    if fused and engine._heads is None: pytest.skip("numba is not installed")
+    if not fused: monkeypatch.setattr(engine, "_heads", None)
+    g = torch.Generator().manual_seed(p)
+    u, K = torch.randn(4, 3, 200, generator=g), torch.randn(3, 200, generator=g) / 14
+    u[..., p] = 1e6
+    y = engine._causal_torch(u, K)
+    ref, scale = np_conv(u[..., :p], K), np_conv(u[..., :p].abs(), K.abs())
+    assert ((y[..., :p].double() - ref).abs() / scale).max() < (3e-7 if p < 64 else 3e-5)  # the 1e6 leaks nothing: direct sums (observed 1.2e-7) or a prefix FFT level (3.6e-6)
+    assert ((y.double() - np_conv(u, K)).abs().max() / np_conv(u.abs(), K.abs()).max()) < 3e-7
+
+
+def test_guard_fused_only_where_it_applies(monkeypatch):
+    "_fused declines (torch operations run) for complex inputs, inputs that need gradients and rows that step 3 scales."
+    calls = []
+    monkeypatch.setattr(engine, "_heads", lambda *a: calls.append(1) or True)  # with or without numba: only whether _fused calls it
+    u, K = torch.randn(2, 30), torch.randn(30)
+    y = engine._scaled_conv(u, K, engine._absmax(u), engine._absmax(K))
+    assert engine._fused(u, K, engine._absmax(u), engine._absmax(K), y) and len(calls) == 1
+    uc = torch.randn(2, 30, dtype=torch.complex64)
+    assert not engine._fused(uc, K, engine._absmax(uc), engine._absmax(K), engine._scaled_conv(uc, K, engine._absmax(uc), engine._absmax(K)))
+    ug = u.clone().requires_grad_()
+    assert not engine._fused(ug, K, engine._absmax(ug), engine._absmax(K), y.clone())
+    uh = u.clone(); uh[0, 0] = 1e37
+    assert not engine._fused(uh, K, engine._absmax(uh), engine._absmax(K), y.clone()) and len(calls) == 1

@@ -92,6 +92,7 @@ def _head_sums(u, K, P):
 def _guarded(u, K, hu, hK):
     "Step 2 around `_scaled_conv`: each level recomputes the outputs before every row's first big input or tap from the inputs and taps before it."
     y = _scaled_conv(u, K, hu, hK)
+    if _fused(u, K, hu, hK, y): return y  # numba: the search and the head sums below in one compiled pass
     first = _first_big(u.detach(), K.detach(), hu, hK)
     plain = not _any_huge(hu, hK)  # no row scaled by step 3, so no prefix of one either
     while (P := int(first.max())) > 0:  # each level's (largest |u|) x (largest |K|) is under 1/_GUARD of the level before's
@@ -115,6 +116,51 @@ def _causal_torch(u, K):
     u, K = u.masked_fill(bad_u, 0), K.masked_fill(bad_K[..., :K.shape[-1]], 0)
     y = _guarded(u, K, _absmax(u), _absmax(K))
     return y.masked_fill(bad_u, math.nan).masked_fill(bad_K, math.nan)
+
+# %% ../../nbs/engine/conv.ipynb #f1a2b3c4
+try: import numba  # optional (`pip install "ssm_course[fast]"`), as for the scan: compiles step 2's search and head sums on a CPU
+except ImportError: numba = None
+
+def _heads_rows(u, iu, K, iK, y, hu, hK, W, guard):
+    """Step 2 for ordinary data in one compiled pass: for row r of `y` (reading row `iu[r]` of `u` and `iK[r]` of `K`), the first
+    step p with (largest |u| so far) x (largest |K| so far)/max|K| >= max|u|/guard among the first W (0 where K = 0), then
+    $y_t$ for $t < p$ by the direct sums (accumulated in float64), in place. False, `y` untouched, if a row's p is beyond W."""
+    R, L = y.shape
+    first = np.zeros(R, np.int64)
+    for r in range(R):
+        ur, Kr, k = u[iu[r]], K[iK[r]], hK[iK[r]]
+        if k == 0: continue
+        thr, cu, cK, p = hu[iu[r]] / guard, abs(ur[0]) * 0, abs(Kr[0]) * 0, -1
+        for t in range(min(W, L)):
+            cu = max(cu, abs(ur[t]))
+            if t < Kr.shape[0]: cK = max(cK, abs(Kr[t]) / k)
+            if cu * cK >= thr:
+                p = t
+                break
+        if p < 0: return False
+        first[r] = p
+    for r in range(R):
+        ur, Kr = u[iu[r]], K[iK[r]]
+        for t in range(first[r]):
+            acc = 0.0
+            for s in range(min(t + 1, Kr.shape[0])): acc += Kr[s] * ur[t - s]
+            y[r, t] = acc
+    return True
+
+_heads = numba.njit(cache=True, nogil=True)(_heads_rows) if numba is not None else None  # None without numba: `_guarded`'s torch operations
+
+def _fused(u, K, hu, hK, y):
+    """Whether `_heads` did step 2 on `y` (this call's own FFT result, in place): real CPU tensors, no autograd, no row scaled by
+    step 3, every row's first big step among the first `_FIRST[-1]`; else `y` is untouched and `_guarded` goes on."""
+    if _heads is None or y.device.type != "cpu" or y.is_complex() or _any_huge(hu, hK) or (torch.is_grad_enabled() and (u.requires_grad or K.requires_grad)):
+        return False
+    batch, L = y.shape[:-1], y.shape[-1]
+    rows = lambda x: x.detach().reshape(-1, x.shape[-1]).numpy()  # (rows, length), sharing memory when it can
+    index = lambda shape: np.broadcast_to(np.arange(math.prod(shape)).reshape(shape), batch).reshape(-1)  # the row of x that each row of y reads
+    yn = y.reshape(-1, L)
+    if yn.untyped_storage().data_ptr() != y.untyped_storage().data_ptr(): return False  # a copy, not a view of y: nothing to write into
+    return _heads(rows(u), index(u.shape[:-1]), rows(K), index(K.shape[:-1]), yn.numpy(), rows(hu[..., None])[:, 0], rows(hK[..., None])[:, 0],
+                  _FIRST[-1], _GUARD)
 
 # %% ../../nbs/engine/conv.ipynb #415ce584
 try: import ducc0  # optional (`pip install "ssm_course[fast]"`): pocketfft's successor, faster than torch.fft here
