@@ -1,4 +1,4 @@
-"""A small, readable training loop — AdamW with the SSM parameter groups, a cosine schedule, gradient clipping, evaluation, checkpoints that resume exactly, progress bars and live plots, on a CPU or a GPU — and what it shows at laptop scale: on delayed recall, in 300 steps at equal parameters, S4D-LegS learns where S4D-Real and an LSTM do not; Mamba with real against complex states; selective copying; self-pretraining at equal compute; and the same script on several processes.
+"""A small, readable training loop — AdamW with the SSM parameter groups, a cosine schedule, gradient clipping, evaluation, checkpoints that resume exactly, progress bars and live plots, on a CPU or a GPU — and what it shows at laptop scale: on delayed recall, in 300 steps at equal parameters, S4D-LegS learns where S4D-Real and an LSTM do not; Mamba with real against complex states; selective copying, at the training length and past it; self-pretraining at equal compute; and the same script on several processes.
 
 Docs: https://ssm-course.github.io/ssm_course/training.html.md"""
 
