@@ -577,3 +577,58 @@ def test_bf16_gate_follows_mamba_kernel_not_its_reference():
         assert 0.2 < off < 0.35, off  # observed 0.284 (both ops)
         assert ((y_mamba.float() - y.float()).abs()[big] <= ulp[big]).all()  # by one ulp
         assert (y_ref32z != y).sum() <= 5  # observed 3 of 8192 (selective_scan), 3 (selective_scan_ref)
+
+
+def _loop_off(f):
+    "f run on the PyTorch forward (as without numba)."
+    import ssm_course._engine.selective as E
+    saved, E._sel_loop = E._sel_loop, None
+    try: return f()
+    finally: E._sel_loop = saved
+
+
+@pytest.mark.parametrize("layB, layC", [(2, 2), (3, 3), (4, 4), (2, 3), (4, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("block", [1, 3, 1 << 30])  # rows per block: 1, 3 of 8 (a short last block), all
+def test_compiled_forward_equals_reference(layB, layC, dtype, block, monkeypatch):
+    "Issue 32 item 2: the compiled CPU forward (numba, real A; absent before) on every layout of B and C (also mixed), with an initial state and chunk boundaries, in blocks of 1, 3 and all 8 rows: y, the last state and the boundary states against the float64 reference and the PyTorch forward."
+    import ssm_course._engine.selective as E
+    assert E._sel_loop is not None, "numba is installed in the test environment: the compiled loop must exist"
+    calls = []
+    real = E._sel_loop
+    monkeypatch.setattr(E, "_sel_loop", lambda *a: (calls.append(1), real(*a))[1])
+    monkeypatch.setattr(E, "_SEL_BLOCK", block * 23 * 3 * dtype.itemsize)  # l = 23, n = 3
+    kw = _full_inputs(7, layB, False, b=2, d=4, n=3, l=23, dtype=dtype)
+    kw["C"] = _full_inputs(8, layC, False, b=2, d=4, n=3, l=23, dtype=dtype)["C"]
+    args = [kw[k] for k in ("u", "delta", "A", "B", "C", "initial_state")]
+    y, last, starts, T = E._selective_forward(*args, 5)
+    assert calls, "the compiled loop ran"
+    y_t, last_t, starts_t, _ = _loop_off(lambda: E._selective_forward(*args, 5))
+    y_r, last_r = selective_scan_ref(*(a.double() for a in args[:5]), initial_state=args[5].double(), return_last_state=True)
+    eps = {torch.float32: 1e-6, torch.float64: 2e-15}[dtype]  # observed: 3.9e-7 and 7.1e-16 of the largest |y|
+    scale = y_r.abs().max()
+    assert float((y.double() - y_r).abs().max() / scale) < eps and float((last.double() - last_r).abs().max() / last_r.abs().max()) < eps
+    assert len(starts) == len(starts_t) == 5 and starts[0] is args[5]
+    for p, q in zip(starts[1:], starts_t[1:]): assert float((p - q).abs().max() / q.abs().max()) < eps  # the states the backward restarts from
+    assert y.dtype == dtype and y.shape == (2, 4, 23)
+
+
+
+def test_compiled_forward_threads_and_causality():
+    "Issue 32 item 2: the compiled forward split over 2 threads (large input) equals the float64 reference; a NaN or 1e30 at step 40 in u, delta, B or C leaves every earlier output unchanged, bit for bit."
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        kw = inputs(3, 2, 64, 16, 2048, 3, False, dtype=torch.float32)  # R l n = 2^22: split over the threads
+        kw["delta"] = F.softplus(kw["delta"] - 3)
+        y = selective_scan(**kw)
+        y_r = selective_scan_ref(**{k: v.double() for k, v in kw.items()})
+        assert float((y.double() - y_r).abs().max() / y_r.abs().max()) < 1e-6  # observed: 3.5e-7
+    finally: torch.set_num_threads(old)
+    kw = inputs(4, 2, 4, 3, 60, 3, False, dtype=torch.float32)
+    y0 = selective_scan(**kw)
+    for name in ("u", "delta", "B", "C"):
+        for bad in (float("nan"), 1e30):
+            x = kw[name].clone(); x[..., 40] = bad
+            y = selective_scan(**{**kw, name: x})
+            assert torch.equal(y[..., :40], y0[..., :40]), (name, bad)

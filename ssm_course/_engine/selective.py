@@ -1,4 +1,4 @@
-"""How `selective_scan` runs lesson 08's chunked algorithm fast and safely: argument checks, a time-major forward in a reused workspace, the autograd Function with recomputation, double backward and vmap, the torch.compile path and the dispatch to Triton.
+"""How `selective_scan` runs lesson 08's chunked algorithm fast and safely: argument checks, a time-major forward in a reused workspace, a compiled loop on the CPU, the autograd Function with recomputation, double backward and vmap, the torch.compile path and the dispatch to Triton.
 
 Docs: https://ssm-course.github.io/ssm_course/engine/selective.html.md"""
 
@@ -8,9 +8,14 @@ Docs: https://ssm-course.github.io/ssm_course/engine/selective.html.md"""
 __all__ = []
 
 # %% ../../nbs/engine/selective.ipynb #e08c0017
+import math
+import numpy as np
 import torch
+from concurrent.futures import ThreadPoolExecutor
 from torch import Tensor
 from ..checks import check_tensor, resolve_backend
+try: import numba  # optional (`pip install "ssm_course[fast]"`): compiles the CPU forward's loop
+except ImportError: numba = None
 
 # %% ../../nbs/engine/selective.ipynb #2062df00
 def _unpack_complex(X, A, l, name):
@@ -100,7 +105,12 @@ def _chunk_tm(u, delta, A, B, C, x0, scan_tm=_ScanTM.apply):
     return y, x[-1].clone()
 
 def _selective_forward(u, delta, A, B, C, x0, T):
-    "The forward without autograd: each chunk's decays and inputs computed straight into a reused time-major (T, b, d, n) workspace."
+    "The forward without autograd: the compiled loop (CPU, real A, numba installed), else `_selective_forward_torch`."
+    if _sel_loop is not None and u.device.type == "cpu" and not A.is_complex() and not torch.jit.is_tracing(): return _selective_forward_loop(_sel_loop, u, delta, A, B, C, x0, T)
+    return _selective_forward_torch(u, delta, A, B, C, x0, T)
+
+def _selective_forward_torch(u, delta, A, B, C, x0, T):
+    "The forward on PyTorch's operations: each chunk's decays and inputs computed straight into a reused time-major (T, b, d, n) workspace."
     b, d, l = u.shape
     n = A.shape[1]
     T = min(T, l)
@@ -124,6 +134,63 @@ def _selective_forward(u, delta, A, B, C, x0, T):
         x = Wx[k - 1].clone()
         if s + k < l: starts.append(x)
     return y, x, starts, T
+
+def _sel_rows(u, dl, W, Bt, kb, sb, Ct, kc, sc, x0, r0, T, y, last, st):
+    "Rows r0, r0 + 1, ... of the flattened (b d) channels, their decays W (rows, l, n) given: $x_t = W_t x_{t-1} + \\Delta_t u_t B_t$, $y_t = C_t \\cdot x_t$, the n states of a row in registers; the state after every T steps into `st`, the last into `last`."
+    r, l, n = W.shape
+    zero = np.zeros(1, W.dtype)[0]  # an accumulator of the data's dtype
+    for i in range(r):
+        row = r0 + i
+        xs, bk, ck = x0[row].copy(), kb[row], kc[row]
+        for t in range(l):
+            dt = dl[row, t]; du = dt * u[row, t]
+            acc = zero
+            for j in range(n):
+                xs[j] = W[i, t, j] * xs[j] + du * Bt[bk, t * sb, j]
+                acc += xs[j] * Ct[ck, t * sc, j]
+            y[row, t] = acc
+            if (t + 1) % T == 0 and t + 1 < l: st[(t + 1) // T - 1, row] = xs
+        last[row] = xs
+
+_sel_loop = numba.njit(cache=True, nogil=True)(_sel_rows) if numba is not None else None  # the compiled loop; None without numba
+_SEL_BLOCK = 1 << 19  # bytes of decays per block of rows: half of this machine's 1 MiB L2 (section "The compiled CPU loop")
+
+def _time_last(X, b, d):
+    "B or C as a NumPy array (K, l or 1, n), with each channel's index K and time stride: (d, n) fixed, (b, n, l) per batch, (b, g, n, l) per group."
+    X = X.detach().resolve_conj().resolve_neg()
+    rows = torch.arange(b * d)
+    if X.dim() == 2: return X[:, None, :].contiguous().numpy(), (rows % d).numpy(), 0
+    if X.dim() == 3: return X.transpose(1, 2).contiguous().numpy(), (rows // d).numpy(), 1
+    g = X.shape[1]
+    return X.transpose(2, 3).reshape(b * g, X.shape[3], X.shape[2]).contiguous().numpy(), ((rows // d) * g + (rows % d) // (d // g)).numpy(), 1
+
+def _selective_forward_loop(loop, u, delta, A, B, C, x0, T):
+    "The forward as one compiled loop per block of rows: each block's decays $e^{\\Delta A}$ computed by PyTorch into a workspace that stays in cache, the recurrence and $y$ by `loop` (`_sel_loop`); rows split over PyTorch's threads for large inputs."
+    b, d, l = u.shape
+    n, R, T = A.shape[1], b * d, min(T, l)
+    dtype = A.dtype
+    arr = lambda X: X.detach().to(dtype).reshape(R, -1).contiguous()
+    u2, d2 = arr(u), arr(delta)
+    Ar = A.detach().repeat(b, 1)  # (R, n): row r is channel r % d
+    (Bt, kb, sb), (Ct, kc, sc) = _time_last(B.to(dtype), b, d), _time_last(C.to(dtype), b, d)
+    h0 = torch.zeros(R, n, dtype=dtype) if x0 is None else arr(x0)
+    y, last = torch.empty(R, l, dtype=dtype), torch.empty(R, n, dtype=dtype)
+    st = torch.empty(max(0, (l - 1) // T), R, n, dtype=dtype)  # the states entering chunks 1, 2, ...
+    un, dn, hn, yn, ln, sn = u2.numpy(), d2.numpy(), h0.numpy(), y.numpy(), last.numpy(), st.numpy()
+    rb = max(1, min(R, _SEL_BLOCK // (l * n * dtype.itemsize)))  # rows per block
+    def run(lo, hi):
+        W = torch.empty(min(rb, hi - lo), l, n, dtype=dtype)
+        for r0 in range(lo, hi, rb):
+            Wk = W[:min(rb, hi - r0)]
+            torch.mul(d2[r0:r0 + len(Wk), :, None], Ar[r0:r0 + len(Wk), None, :], out=Wk).exp_()  # a_t = exp(delta_t A), as the PyTorch path
+            loop(un, dn, Wk.numpy(), Bt, kb, sb, Ct, kc, sc, hn, r0, T, yn, ln, sn)
+    k = min(torch.get_num_threads(), R) if R * l * n >= 1 << 22 else 1  # large inputs: as many threads as PyTorch uses
+    if k <= 1: run(0, R)
+    else:  # numba releases the GIL (nogil): each thread runs its own slice of rows
+        cut = np.linspace(0, R, k + 1).astype(int)
+        with ThreadPoolExecutor(k) as pool: list(pool.map(lambda i: run(cut[i], cut[i + 1]), range(k)))
+    starts = [x0] + list(st.view(-1, b, d, n))
+    return y.view(b, d, l), last.view(b, d, n), starts, T
 
 # %% ../../nbs/engine/selective.ipynb #r5c0a001
 def _selective_triton(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, initial_state, chunk):
