@@ -14,7 +14,7 @@ def test_loop_is_the_reference_loop(dtype):
     "Real inputs: bit-identical to scan_sequential; complex: to rounding (complex products are formed differently)."
     g = torch.Generator().manual_seed(0)
     for (shp_a, shp_b), L, with_h0, reverse in itertools.product(
-            [((1,), (1,)), ((5,), (5,)), ((2, 3), (2, 3)), ((3, 1), (3, 4)), ((1, 4), (3, 4))], [1, 2, 9, 40], [False, True], [False, True]):
+            [((1,), (1,)), ((5,), (5,)), ((2, 3), (2, 3)), ((3, 1), (3, 4)), ((1, 4), (3, 4))], [1, 2, 9, 40, 100], [False, True], [False, True]):
         for La in {1, L}:
             a = (0.95 * torch.randn(*shp_a, La, generator=g, dtype=torch.float64)).to(dtype)
             b = torch.randn(*shp_b, L, generator=g, dtype=torch.float64).to(dtype)
@@ -102,3 +102,11 @@ def test_backward_is_the_lessons_reverse_scan_bit_for_bit():
             ours = torch.autograd.grad(scan(*xs), xs, gh)
             ref = [r for r in scan_backward_ref(a, h0, scan_sequential(a, b, h0), gh) if r is not None]
             assert all(o.dtype == r.dtype and torch.equal(o, r) for o, r in zip(ours, ref)), (dtype, L, with_h0)
+
+
+def test_loop_fetches_the_next_rows_ahead():
+    "Issue 32 item 2: the loop's common case (a and b varying in time, forward) has its own unit-step loop that asks the CPU to prefetch the next four rows (absent before: at (64, 64, 784) float32 the loop was 1.03 x the time-major NumPy loop, now 0.74, interleaved, one thread); both branches are checked against the reference in test_loop_is_the_reference_loop (L up to 100: several prefetched lines)."
+    a, b = torch.rand(6, 50), torch.randn(6, 50)
+    S._scan_loop(S._loop, a, b, None, (6, 50), torch.float32)  # compiled for these types
+    ir = "".join(S._loop.inspect_llvm().values())
+    assert "llvm.prefetch" in ir

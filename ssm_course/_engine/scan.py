@@ -57,20 +57,55 @@ def _empty(shape, dtype, device):
     return torch.from_numpy(np.empty(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
 
 # %% ../../nbs/engine/scan.ipynb #71940c34
+def _prefetch_hint(x, i):
+    "Without numba: nothing (the compiled loop replaces this with a cache prefetch)."
+
+if numba is not None:
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+    from llvmlite import ir
+
+    @intrinsic
+    def _prefetch_hint(typingctx, x, i):
+        "Compiled: ask the CPU to bring element i of the contiguous array `x` into its caches (LLVM's `prefetch`, for reading); a hint, so an LLVM that refuses it gets none."
+        def codegen(context, builder, sig, args):
+            try:
+                ptr = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
+                i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+                fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+                builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])  # read, keep in every cache level, data
+            except Exception: pass
+            return context.get_dummy_value()
+        return numba.types.void(x, i), codegen
+
 def _loop_rows(a, ia, b, ib, h0, out, reverse):
-    "Row r of `out` (R, L): $h_t = a_t h_{t-1} + b_t$ from h0[r], on row ia[r] of `a` and row ib[r] of `b` (time axis of length L, or 1 for a constant); four rows at a time."
+    "Row r of `out` (R, L): $h_t = a_t h_{t-1} + b_t$ from h0[r], on row ia[r] of `a` and row ib[r] of `b` (C-contiguous; time axis of length L, or 1 for a constant); four rows at a time."
     R, L = out.shape
     sa, sb = (1 if a.shape[1] > 1 else 0), (1 if b.shape[1] > 1 else 0)  # a time-invariant row is read at t = 0
+    plain = sa == 1 and sb == 1 and not reverse  # the common case: its own loop, with unit steps and the next rows fetched ahead
     for r in range(0, R, 4):
         r0, r1, r2, r3 = r, min(r + 1, R - 1), min(r + 2, R - 1), min(r + 3, R - 1)  # past the last row: repeat it (same values)
-        a0, a1, a2, a3, b0, b1, b2, b3 = ia[r0], ia[r1], ia[r2], ia[r3], ib[r0], ib[r1], ib[r2], ib[r3]
+        a0, a1, a2, a3, b0, b1, b2, b3 = a[ia[r0]], a[ia[r1]], a[ia[r2]], a[ia[r3]], b[ib[r0]], b[ib[r1]], b[ib[r2]], b[ib[r3]]  # row views
+        o0, o1, o2, o3 = out[r0], out[r1], out[r2], out[r3]
         h_0, h_1, h_2, h_3 = h0[r0], h0[r1], h0[r2], h0[r3]  # four independent chains: each step waits only on its own row
+        if plain:
+            n0, n1, n2, n3 = ia[min(r + 4, R - 1)] * L, ia[min(r + 5, R - 1)] * L, ia[min(r + 6, R - 1)] * L, ia[min(r + 7, R - 1)] * L  # the next four rows
+            m0, m1, m2, m3 = ib[min(r + 4, R - 1)] * L, ib[min(r + 5, R - 1)] * L, ib[min(r + 6, R - 1)] * L, ib[min(r + 7, R - 1)] * L
+            for t in range(L):
+                if t % 16 == 0:  # once per 64-byte line of float32: the same steps of the next four rows, into the cache before their turn
+                    _prefetch_hint(a, n0 + t); _prefetch_hint(a, n1 + t); _prefetch_hint(a, n2 + t); _prefetch_hint(a, n3 + t)
+                    _prefetch_hint(b, m0 + t); _prefetch_hint(b, m1 + t); _prefetch_hint(b, m2 + t); _prefetch_hint(b, m3 + t)
+                h_0 = a0[t] * h_0 + b0[t]; o0[t] = h_0
+                h_1 = a1[t] * h_1 + b1[t]; o1[t] = h_1
+                h_2 = a2[t] * h_2 + b2[t]; o2[t] = h_2
+                h_3 = a3[t] * h_3 + b3[t]; o3[t] = h_3
+            continue
         for s in range(L):
             t = L - 1 - s if reverse else s
-            h_0 = a[a0, t * sa] * h_0 + b[b0, t * sb]; out[r0, t] = h_0
-            h_1 = a[a1, t * sa] * h_1 + b[b1, t * sb]; out[r1, t] = h_1
-            h_2 = a[a2, t * sa] * h_2 + b[b2, t * sb]; out[r2, t] = h_2
-            h_3 = a[a3, t * sa] * h_3 + b[b3, t * sb]; out[r3, t] = h_3
+            h_0 = a0[t * sa] * h_0 + b0[t * sb]; o0[t] = h_0
+            h_1 = a1[t * sa] * h_1 + b1[t * sb]; o1[t] = h_1
+            h_2 = a2[t * sa] * h_2 + b2[t * sb]; o2[t] = h_2
+            h_3 = a3[t * sa] * h_3 + b3[t * sb]; o3[t] = h_3
 
 _loop = numba.njit(cache=True, nogil=True)(_loop_rows) if numba is not None else None  # the compiled loop; None without numba
 
