@@ -632,3 +632,24 @@ def test_compiled_forward_threads_and_causality():
             x = kw[name].clone(); x[..., 40] = bad
             y = selective_scan(**{**kw, name: x})
             assert torch.equal(y[..., :40], y0[..., :40]), (name, bad)
+
+
+@pytest.mark.parametrize("budget, pieces", [(1 << 40, 8), (3 * 2 * 2 * 4 * 3 * 8, 2), (2 * 2 * 4 * 3 * 8, 1)])  # k = T, k = 3 -> 2 (a divisor of 8), k = 1
+def test_torch_forward_in_cache_sized_pieces(budget, pieces, monkeypatch):
+    "Issue 32 item 2: without numba the CPU forward fills its time-major workspaces k steps at a time (k dividing the chunk T = 8; whole chunks before): y, the last state and the states entering each chunk against the float64 reference and the whole-chunk forward, on both sides of the size threshold."
+    import ssm_course._engine.selective as E
+    kw = _full_inputs(9, 3, False, b=2, d=4, n=3, l=29, dtype=torch.float64)
+    args = [kw[k] for k in ("u", "delta", "A", "B", "C", "initial_state")]
+    monkeypatch.setattr(E, "_TM_BLOCK", 1 << 40)
+    y_w, last_w, starts_w, _ = E._selective_forward_torch(*args, 8)
+    monkeypatch.setattr(E, "_TM_BLOCK", budget)
+    seen = []
+    real_empty = torch.empty
+    monkeypatch.setattr(E.torch, "empty", lambda *s, **k: (seen.append(s), real_empty(*s, **k))[1])
+    y, last, starts, T = E._selective_forward_torch(*args, 8)
+    monkeypatch.setattr(E.torch, "empty", real_empty)
+    assert seen[0][0] == pieces and T == 8  # the workspace: `pieces` steps
+    y_r, last_r = selective_scan_ref(*args[:5], initial_state=args[5], return_last_state=True)
+    assert float((y - y_r).abs().max() / y_r.abs().max()) < 2e-15 and float((last - last_r).abs().max() / last_r.abs().max()) < 2e-15  # observed: 4e-16
+    assert len(starts) == len(starts_w) == 4 and starts[0] is args[5]
+    for p, q in zip(starts[1:], starts_w[1:]): assert torch.equal(p, q)  # the same recurrence, step by step

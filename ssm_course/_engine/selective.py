@@ -110,16 +110,18 @@ def _selective_forward(u, delta, A, B, C, x0, T):
     return _selective_forward_torch(u, delta, A, B, C, x0, T)
 
 def _selective_forward_torch(u, delta, A, B, C, x0, T):
-    "The forward on PyTorch's operations: each chunk's decays and inputs computed straight into a reused time-major (T, b, d, n) workspace."
+    "The forward on PyTorch's operations: the decays and inputs of each piece of a chunk computed straight into a reused time-major (k, b, d, n) workspace, k steps sized for the cache (on the CPU) and dividing T."
     b, d, l = u.shape
     n = A.shape[1]
     T = min(T, l)
-    wa = torch.empty(T, b, d, n, dtype=A.dtype, device=u.device); wx = torch.empty_like(wa)
+    K = T if u.device.type != "cpu" else max(1, min(T, _TM_BLOCK // (2 * b * d * n * A.dtype.itemsize)))  # steps per piece
+    while T % K: K -= 1  # a divisor of T: the states entering chunks fall on piece boundaries
+    wa = torch.empty(K, b, d, n, dtype=A.dtype, device=u.device); wx = torch.empty_like(wa)
     y = torch.empty(b, d, l, dtype=torch.promote_types(A.dtype, C.dtype), device=u.device)
     x = torch.zeros(b, d, n, dtype=A.dtype, device=u.device) if x0 is None else x0
     starts, du = [x0], delta * u
-    for s in range(0, l, T):
-        k = min(T, l - s)
+    for s in range(0, l, K):
+        k = min(K, l - s)
         Wa, Wx = wa[:k], wx[:k]
         torch.mul(delta[..., s:s + k].permute(2, 0, 1)[..., None], A, out=Wa).exp_()  # a_t = exp(delta_t A), (k, b, d, n)
         dut = du[..., s:s + k].permute(2, 0, 1)[..., None]  # (k, b, d, 1)
@@ -132,7 +134,7 @@ def _selective_forward_torch(u, delta, A, B, C, x0, T):
         elif C.dim() == 3: y[..., s:s + k] = torch.einsum("tbdn,bnt->bdt", Wx, C[..., s:s + k])
         else: y[..., s:s + k] = torch.einsum("tbgkn,bgnt->bgkt", Wx.unflatten(2, (C.shape[1], -1)), C[..., s:s + k]).flatten(1, 2)
         x = Wx[k - 1].clone()
-        if s + k < l: starts.append(x)
+        if s + k < l and (s + k) % T == 0: starts.append(x)
     return y, x, starts, T
 
 def _sel_rows(u, dl, W, Bt, kb, sb, Ct, kc, sc, x0, r0, T, y, last, st):
@@ -153,6 +155,7 @@ def _sel_rows(u, dl, W, Bt, kb, sb, Ct, kc, sc, x0, r0, T, y, last, st):
         last[row] = xs
 
 _sel_loop = numba.njit(cache=True, nogil=True)(_sel_rows) if numba is not None else None  # the compiled loop; None without numba
+_TM_BLOCK = 1 << 21  # bytes of the PyTorch forward's two time-major workspaces on the CPU: 1 MiB each, this machine's L2 (section "The compiled CPU loop")
 _SEL_BLOCK = 1 << 19  # bytes of decays per block of rows: half of this machine's 1 MiB L2 (section "The compiled CPU loop")
 
 def _time_last(X, b, d):
