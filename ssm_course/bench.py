@@ -192,14 +192,16 @@ def case_selective(quick:bool=False, # tiny shapes
     u, delta = torch.randn(b, d, l, generator=g), F.softplus(torch.randn(b, d, l, generator=g) - 3)  # (b, d, l): mamba's layout
     A, B, C = -torch.exp(0.5 * torch.randn(d, n, generator=g)), torch.randn(b, n, l, generator=g), torch.randn(b, n, l, generator=g)
     D = torch.randn(d, generator=g)
-    fns, canon = {"ssm_course.selective_scan": lambda: selective_scan(u, delta, A, B, C, D), TORCH_LOOP: lambda: _selective_loop(u, delta, A, B, C, D)}, {}
+    fns, canon = {"ssm_course.selective_scan": lambda: selective_scan(u, delta, A, B, C, D)}, {}
+    fns |= _accelerators_off("selective_scan", fns["ssm_course.selective_scan"])  # also as a user without the optional accelerators
+    fns[TORCH_LOOP] = lambda: _selective_loop(u, delta, A, B, C, D)
     if (block := _peer("mambapy.mamba", "MambaBlock")) is not None:
         x_, dl_, B_, C_ = (t.transpose(1, 2).contiguous() for t in (u, delta, B, C))  # (b, l, d), (b, l, n): its layout
         fns["mambapy MambaBlock.selective_scan"] = lambda: block.selective_scan(None, x_, dl_, A, B_, C_, D)
         canon["mambapy MambaBlock.selective_scan"] = lambda y: y.transpose(1, 2)
     ref = lambda: selective_scan_ref(*(t.double() for t in (u, delta, A, B, C, D)))  # the sequential loop, float64
     return Case(f"selective_scan forward {(b, d, n, l)} float32", fns, tol=3e-7, ref=ref, nbytes=4 * (3 * b * d * l + 2 * b * n * l + d * n + d),
-                flops=6 * b * d * l * n + 3 * b * d * l, canon=canon)
+                flops=6 * b * d * l * n + 3 * b * d * l, canon=canon, ours=[k for k in fns if k.startswith("ssm_course")])
 
 # %% ../nbs/14_benchmarks.ipynb #deed4721
 NAIVE = "naive exp(l log dA) einsum"
@@ -433,12 +435,13 @@ def machine_info(threads:int=1, # the thread count every implementation is timed
 # %% ../nbs/engine/bench.ipynb #a5fc389a
 NO_NUMBA, NO_DUCC0 = "ssm_course.scan, PyTorch path (no numba)", "ssm_course.causal_conv, torch.fft path (no ducc0)"
 _ACCELERATORS = {"scan": (NO_NUMBA, "_loop", ("ssm_course._engine.scan", "ssm_course.scan")),
+                 "selective_scan": ("ssm_course.selective_scan, PyTorch forward (no numba)", "_sel_loop", ("ssm_course._engine.selective",)),
                  "causal_conv": (NO_DUCC0, "ducc0", ("ssm_course._engine.conv", "ssm_course.conv"))}
 
-def _accelerators_off(op:str, # "scan" or "causal_conv"
+def _accelerators_off(op:str, # "scan", "selective_scan" or "causal_conv"
                       f:Callable, # our op's call, no arguments
                      )->dict: # {name: `f` without the op's optional accelerator}, or {} when it is not installed
-    "The implementation a user without the optional accelerator of `op` runs (numba's compiled loop for `scan`, ducc0's FFTs for `causal_conv`)."
+    "The implementation a user without the optional accelerator of `op` runs (numba's compiled loops for `scan` and `selective_scan`, ducc0's FFTs for `causal_conv`)."
     name, attr, modules = _ACCELERATORS[op]
     mods = _holders(attr, *modules)
     return {name: _without(mods, attr, f)} if any(getattr(m, attr) is not None for m in mods) else {}

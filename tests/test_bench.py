@@ -101,7 +101,7 @@ def test_run_and_measure_refuse_zero_rounds_and_threads():
     with pytest.raises(TypeError, match="rounds must be an integer"): measure({"a": lambda: None}, rounds=2.0)
 
 
-@pytest.mark.parametrize("op", ["scan", "causal_conv"])
+@pytest.mark.parametrize("op", ["scan", "selective_scan", "causal_conv"])
 def test_accelerators_off_reaches_the_path_the_op_takes(op, monkeypatch):
     "The rows 'no numba' / 'no ducc0' time our op as a user without the optional package: with the package's entry point made to raise, "
     "our call raises (it goes through the accelerator) and the switched-off call does not, agreeing with a float64 reference. Guards the "
@@ -114,6 +114,11 @@ def test_accelerators_off_reaches_the_path_the_op_takes(op, monkeypatch):
     if op == "scan":
         a, b = 0.9 + 0.1 * torch.rand(2, 8, 256, generator=g), torch.randn(2, 8, 256, generator=g)
         f, ref = (lambda: scan(a, b)), scan_sequential(a.double(), b.double())
+    elif op == "selective_scan":  # issue 32: its CPU forward is numba's compiled loop when installed
+        from ssm_course.selective import selective_scan, selective_scan_ref
+        u, dl, B, C = torch.randn(2, 8, 64, generator=g), torch.rand(2, 8, 64, generator=g) / 4, torch.randn(2, 4, 64, generator=g), torch.randn(2, 4, 64, generator=g)
+        A = -torch.rand(8, 4, generator=g) - 0.1
+        f, ref = (lambda: selective_scan(u, dl, A, B, C)), selective_scan_ref(u.double(), dl.double(), A.double(), B.double(), C.double())
     else:
         u, K = torch.randn(4, 64, 1024, generator=g), torch.randn(64, 1024, generator=g) / 32  # 2**18 samples: the CPU path
         f, ref = (lambda: causal_conv(u, K)), torch.fft.irfft(torch.fft.rfft(u.double(), n=2048) * torch.fft.rfft(K.double(), n=2048), n=2048)[..., :1024]
