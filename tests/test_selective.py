@@ -653,3 +653,17 @@ def test_torch_forward_in_cache_sized_pieces(budget, pieces, monkeypatch):
     assert float((y - y_r).abs().max() / y_r.abs().max()) < 2e-15 and float((last - last_r).abs().max() / last_r.abs().max()) < 2e-15  # observed: 4e-16
     assert len(starts) == len(starts_w) == 4 and starts[0] is args[5]
     for p, q in zip(starts[1:], starts_w[1:]): assert torch.equal(p, q)  # the same recurrence, step by step
+
+
+@pytest.mark.parametrize("b, d, n", [(0, 4, 3), (2, 0, 3), (2, 4, 0)])
+def test_compiled_and_torch_forward_on_empty_axes(b, d, n):
+    "An empty batch, no channels or no states (test_layers' empty batch found the first): the compiled forward and the PyTorch forward give the reference's empty or zero result and the boundary states' shapes."
+    import ssm_course._engine.selective as E
+    g = torch.Generator().manual_seed(0)
+    u, dl = torch.randn(b, d, 12, generator=g), torch.rand(b, d, 12, generator=g)
+    A, B, C = -torch.rand(d, n, generator=g) - 0.1, torch.randn(b, n, 12, generator=g), torch.randn(b, n, 12, generator=g)
+    want = selective_scan_ref(u.double(), dl.double(), A.double(), B.double(), C.double())
+    for fwd in (E._selective_forward, E._selective_forward_torch):
+        y, last, starts, T = fwd(u, dl, A, B, C, None, 5)
+        assert y.shape == (b, d, 12) and last.shape == (b, d, n) and len(starts) == 3 and all(s.shape == (b, d, n) for s in starts[1:])
+        assert torch.equal(y.double(), want)  # zeros (no states) or empty

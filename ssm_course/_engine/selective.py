@@ -114,7 +114,7 @@ def _selective_forward_torch(u, delta, A, B, C, x0, T):
     b, d, l = u.shape
     n = A.shape[1]
     T = min(T, l)
-    K = T if u.device.type != "cpu" else max(1, min(T, _TM_BLOCK // (2 * b * d * n * A.dtype.itemsize)))  # steps per piece
+    K = T if u.device.type != "cpu" else max(1, min(T, _TM_BLOCK // max(1, 2 * b * d * n * A.dtype.itemsize)))  # steps per piece
     while T % K: K -= 1  # a divisor of T: the states entering chunks fall on piece boundaries
     wa = torch.empty(K, b, d, n, dtype=A.dtype, device=u.device); wx = torch.empty_like(wa)
     y = torch.empty(b, d, l, dtype=torch.promote_types(A.dtype, C.dtype), device=u.device)
@@ -172,15 +172,15 @@ def _selective_forward_loop(loop, u, delta, A, B, C, x0, T):
     b, d, l = u.shape
     n, R, T = A.shape[1], b * d, min(T, l)
     dtype = A.dtype
-    arr = lambda X: X.detach().to(dtype).reshape(R, -1).contiguous()
-    u2, d2 = arr(u), arr(delta)
+    arr = lambda X, m: X.detach().to(dtype).reshape(R, m).contiguous()  # explicit sizes: b = 0 or n = 0 leave -1 undetermined
+    u2, d2 = arr(u, l), arr(delta, l)
     Ar = A.detach().repeat(b, 1)  # (R, n): row r is channel r % d
     (Bt, kb, sb), (Ct, kc, sc) = _time_last(B.to(dtype), b, d), _time_last(C.to(dtype), b, d)
-    h0 = torch.zeros(R, n, dtype=dtype) if x0 is None else arr(x0)
+    h0 = torch.zeros(R, n, dtype=dtype) if x0 is None else arr(x0, n)
     y, last = torch.empty(R, l, dtype=dtype), torch.empty(R, n, dtype=dtype)
     st = torch.empty(max(0, (l - 1) // T), R, n, dtype=dtype)  # the states entering chunks 1, 2, ...
     un, dn, hn, yn, ln, sn = u2.numpy(), d2.numpy(), h0.numpy(), y.numpy(), last.numpy(), st.numpy()
-    rb = max(1, min(R, _SEL_BLOCK // (l * n * dtype.itemsize)))  # rows per block
+    rb = max(1, min(R, _SEL_BLOCK // max(1, l * n * dtype.itemsize)))  # rows per block
     def run(lo, hi):
         W = torch.empty(min(rb, hi - lo), l, n, dtype=dtype)
         for r0 in range(lo, hi, rb):
@@ -192,7 +192,7 @@ def _selective_forward_loop(loop, u, delta, A, B, C, x0, T):
     else:  # numba releases the GIL (nogil): each thread runs its own slice of rows
         cut = np.linspace(0, R, k + 1).astype(int)
         with ThreadPoolExecutor(k) as pool: list(pool.map(lambda i: run(cut[i], cut[i + 1]), range(k)))
-    starts = [x0] + list(st.view(-1, b, d, n))
+    starts = [x0] + list(st.view(len(st), b, d, n))
     return y.view(b, d, l), last.view(b, d, n), starts, T
 
 # %% ../../nbs/engine/selective.ipynb #r5c0a001
