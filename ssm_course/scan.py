@@ -104,6 +104,8 @@ def scan_backward_ref(
     return g * h_prev.conj(), g, None if h0 is None else a[..., 0].conj() * g[..., 0]
 
 # %% ../nbs/engine/scan.ipynb #064f0070
+import torch.autograd.forward_ad as _fwAD
+from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead
 from .checks import broadcast_shapes, resolve_backend
 from ._engine.scan import _scan_loop, _scan_cpu, _scan_lti, _lti_ok, _scan_traced, _empty
 from ._engine.scan import _loop  # the switch: the compiled loop, or None (without numba; or set to None to run PyTorch's path)
@@ -179,14 +181,21 @@ def _vmap_scan(info, in_dims, a, b, h0, scan_fn):
     if ia is None and ib is None and ih is not None: a = a.reshape((1,) * (r + 1 - a.ndim) + a.shape).expand(info.batch_size, *(-1,) * r)  # only h0 mapped
     return scan_fn(a, b, h0), 0
 
+def _scan_forward(a, b, h0, shape=None):
+    "The scan's forward: computed in float32 at least (half precision rounded once), on the path `_scan_fast` picks."
+    shape, dtype = broadcast_shapes(a.shape, b.shape) if shape is None else shape, _dtype(a, b, h0)
+    return _scan_fast(a, b, h0, shape, torch.promote_types(dtype, torch.float32)).to(dtype)
+
+def _plain_call(a, b, h0):
+    "Whether nothing needs to see the call: no input records gradients, no `torch.func` transform or forward-mode AD level is active, no tracing or compiling. Then `scan` runs its forward directly, without the Function's per-call cost."
+    if torch._C._are_functorch_transforms_active() or _fwAD._current_level >= 0 or torch.jit.is_tracing() or torch.compiler.is_compiling(): return False
+    return not torch.is_grad_enabled() or not (a.requires_grad or b.requires_grad or (h0 is not None and h0.requires_grad))
+
 class _Scan(torch.autograd.Function):
     "The scan with its reverse-scan backward and its vmap rule; half precision is computed in float32 and rounded once; autocast is off inside."
     @staticmethod
     @full_precision
-    def forward(a, b, h0):
-        shape, dtype = broadcast_shapes(a.shape, b.shape), _dtype(a, b, h0)
-        work = torch.promote_types(dtype, torch.float32)
-        return _scan_fast(a, b, h0, shape, work).to(dtype)
+    def forward(a, b, h0): return _scan_forward(a, b, h0)
 
     @staticmethod
     def setup_context(ctx, inputs, output): _save_scan(ctx, *inputs, output)
@@ -217,9 +226,10 @@ def scan(
     return_last:bool=False, # also return the last state $h_{L-1}$
 )->Tensor|tuple: # $h$ (..., L), or ($h$, $h_{L-1}$)
     "$h_t = a_t h_{t-1} + b_t$ along the last axis: the fast public scan, with a reverse-scan backward; computed in the inputs' precision (float32 at least) whatever the caller's autocast; `torch.func` transforms (`vmap`, `grad`, `jvp`, `jacrev`, `jacfwd`) apply."
-    _check_scan(a, b, h0)
+    shape = _check_scan(a, b, h0)
     if resolve_backend(backend, b, has_triton=True, name="scan") == "triton":
         from ssm_course.triton_scan import scan_triton  # notebook 10; imported only when asked for
         h = scan_triton(a, b, h0)
+    elif _plain_call(a, b, h0): h = _scan_forward(*_unwrap_dead((a, b, h0)), shape)  # what the Function's forward returns, as Function.apply unwraps its inputs
     else: h = _scan_function().apply(a, b, h0)
     return (h, h[..., -1]) if return_last else h

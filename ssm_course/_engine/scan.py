@@ -21,7 +21,7 @@ except ImportError: numba = None
 def _check_scan(a, b, h0):
     "Validate the scan's arguments; return the broadcast shape (..., L)."
     a, b = check_tensor(a, "a", min_ndim=1), check_tensor(b, "b", min_ndim=1)
-    try: shape = broadcast_shapes(a.shape, b.shape)
+    try: shape = a.shape if a.shape == b.shape else broadcast_shapes(a.shape, b.shape)  # equal shapes: the common call
     except RuntimeError: raise ValueError(f"a of shape {tuple(a.shape)} and b of shape {tuple(b.shape)} do not broadcast") from None
     if shape[-1] == 0: raise ValueError(f"the sequence is empty: a {tuple(a.shape)}, b {tuple(b.shape)}")
     if h0 is not None:
@@ -45,6 +45,7 @@ def _any_nan(x):
 def _rows(x, shape):
     "x as (rows, time) for the broadcast `shape`, without materializing the broadcast: (2-D tensor, row index map or None)."
     batch, R = shape[:-1], math.prod(shape[:-1])
+    if x.shape[:-1] == batch: return x.reshape(R, x.shape[-1]), None  # already the broadcast shape (a view when contiguous)
     xb = x.reshape((1,) * (len(shape) - x.dim()) + tuple(x.shape))
     if tuple(xb.shape[:-1]) == tuple(batch): return xb.reshape(R, x.shape[-1]), None  # a view when x is contiguous
     own = xb.reshape(-1, x.shape[-1])
@@ -113,12 +114,16 @@ def _scan_loop(loop, a, b, h0, shape, dtype, reverse=False):
     "The compiled `loop` (`_loop`) on CPU tensors: a and b read where they lie (broadcast rows mapped, not copied), h written once; rows split over PyTorch's threads."
     *batch, L = shape
     R = math.prod(batch)
-    def arr(x): return x.detach().resolve_conj().resolve_neg().to(dtype).contiguous().numpy()
+    def arr(x):  # x as a C-contiguous NumPy array of `dtype`, copied only when it is not one already
+        x = x.detach()
+        if x.dtype != dtype or x.is_conj() or x.is_neg() or not x.is_contiguous(): x = x.resolve_conj().resolve_neg().to(dtype).contiguous()
+        return x.numpy()
     (a2, ia), (b2, ib) = _rows(a, shape), _rows(b, shape)
-    rows = np.arange(R)
-    h = torch.zeros(R, dtype=dtype) if h0 is None else h0.expand(batch).reshape(R)
     out = _empty((R, L), dtype, b.device)
-    A, IA, B, IB, H, O = arr(a2), rows if ia is None else ia.numpy(), arr(b2), rows if ib is None else ib.numpy(), arr(h), out.numpy()
+    O = out.numpy()
+    rows = np.arange(R) if ia is None or ib is None else None
+    A, IA, B, IB = arr(a2), rows if ia is None else ia.numpy(), arr(b2), rows if ib is None else ib.numpy()
+    H = np.zeros(R, O.dtype) if h0 is None else arr(h0.expand(batch).reshape(R))
     n = min(torch.get_num_threads(), R // 4) if R * L >= 1 << 20 else 1  # large inputs: as many threads as PyTorch uses
     if n <= 1: loop(A, IA, B, IB, H, O, reverse)
     else:  # numba releases the GIL (nogil), so each thread runs its own slice of rows in parallel
