@@ -78,7 +78,7 @@ def test_setup_cell_in_colab_clones_installs_and_moves_to_the_notebook(monkeypat
 
 # what each imported top-level module is called on PyPI; torch, numpy, matplotlib, triton and IPython come with Colab
 DIST = {"sklearn": "scikit-learn", "IPython": None, "torch": None, "numpy": None, "matplotlib": None, "triton": None,
-        "torchvision": None}
+        "torchvision": None, "llvmlite": "numba"}  # llvmlite: numba's own dependency, imported only where numba is
 
 
 def test_setup_cell_says_how_to_install_when_the_course_is_missing(monkeypatch):
