@@ -263,7 +263,10 @@ def test_torchrun_two_processes_equal_one_process(tmp_path):
     (tmp_path / "run.py").write_text(_SCRIPT)
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2", "--standalone", str(tmp_path / "run.py"),
            str(ROOT / "tests"), str(tmp_path), *cli, "--save", str(tmp_path / "two.pt")]
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    for attempt in range(2):  # one retry, only for a rank that PyTorch aborted (a process-group teardown abort, 2 runs in 10 under a
+        # loaded make test here, also at an older commit; cf. pytorch/pytorch#90549); any other failure, or a second abort, fails the test
+        r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+        if r.returncode == 0 or "terminate called without an active exception" not in r.stderr: break
     assert r.returncode == 0, f"{' '.join(cmd)} exited with {r.returncode}:\n{r.stderr[-4000:]}"
     one = train.main(cli).state_dict()
     ref = _uneven_trainer(); ref.fit(progress=False)
