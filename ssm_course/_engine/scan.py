@@ -45,9 +45,8 @@ def _any_nan(x):
 def _rows(x, shape):
     "x as (rows, time) for the broadcast `shape`, without materializing the broadcast: (2-D tensor, row index map or None)."
     batch, R = shape[:-1], math.prod(shape[:-1])
-    if x.shape[:-1] == batch: return x.reshape(R, x.shape[-1]), None  # already the broadcast shape (a view when contiguous)
-    xb = x.reshape((1,) * (len(shape) - x.dim()) + tuple(x.shape))
-    if tuple(xb.shape[:-1]) == tuple(batch): return xb.reshape(R, x.shape[-1]), None  # a view when x is contiguous
+    xb = x if x.dim() == len(shape) else x.reshape((1,) * (len(shape) - x.dim()) + tuple(x.shape))  # leading axes of size 1
+    if xb.shape[:-1] == batch: return xb.reshape(R, x.shape[-1]), None  # a view when x is contiguous
     own = xb.reshape(-1, x.shape[-1])
     return own, torch.arange(own.shape[0], device=x.device).view(xb.shape[:-1]).expand(batch).reshape(R)
 
