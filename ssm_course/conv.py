@@ -239,7 +239,7 @@ def dss_kernel(
 # %% ../nbs/engine/conv.ipynb #1c07f39f
 from .checks import (check_tensor, check_last_dim, check_size, check_same_device, broadcast_batch, float_dtype, compute_dtype, values_hidden, resolve_backend,
                                full_precision)
-from ._engine.conv import _causal_impl, _CausalConv, _transformed, _Cauchy
+from ._engine.conv import _causal_impl, _CausalConv, _transformed, _Cauchy, _cauchy_fast
 
 # %% ../nbs/engine/conv.ipynb #6c4b5ff3
 @full_precision
@@ -276,7 +276,7 @@ def cauchy(
     """Cauchy kernel: $M$ sums over $N$ poles at $Z$ points, chunked over the points. The batch dims of `v`, `g`, `lam` and
     `skip` broadcast. Computed in the inputs' promoted dtype (half precision in float32), whatever the caller's autocast. Training saves $O(N + Z)$
     for the backward (each block is recomputed there), which is differentiable again (then saving the blocks);
-    `torch.func.grad` and `vmap` work."""
+    `torch.func.grad` and `vmap` work. A call that nothing records (no gradient, no transform) runs compiled sums with numba installed."""
     lam = check_tensor(lam, "lam", min_ndim=1)
     g = check_tensor(g, "g", min_ndim=1)
     v = check_last_dim(v, "v", lam.shape[-1])
@@ -292,7 +292,9 @@ def cauchy(
         skip = skip.long()
     broadcast_batch(v=v.shape[:-2], g=g.shape[:-1], lam=lam.shape[:-1], **({} if skip is None else {"skip": skip.shape[:-1]}))
     out, work = float_dtype(v, g, lam), compute_dtype(v, g, lam)  # integers give floats; half precision runs in float32
-    return _Cauchy.apply(v.to(work), g.to(work), lam.to(work), skip, chunk).to(out)
+    v, g, lam = v.to(work), g.to(work), lam.to(work)
+    y = _cauchy_fast(v, g, lam, skip)  # nothing records this call, numba installed: the compiled sums (engine)
+    return (_Cauchy.apply(v, g, lam, skip, chunk) if y is None else y).to(out)
 
 # %% ../nbs/engine/conv.ipynb #2150dc62
 @full_precision

@@ -438,6 +438,77 @@ class _Cauchy(torch.autograd.Function):
         fit = lambda grad, x: None if grad is None else (grad if x.is_complex() else grad.real).sum_to_size(x.shape)
         return (fit(gv, v) if need_v else None), (fit(torch.cat(gg, -1), g) if need_g else None), (fit(glam, lam) if need_lam else None), None, None
 
+# %% ../../nbs/engine/conv.ipynb #c5a1f002
+import torch.autograd.forward_ad as _fwAD
+from concurrent.futures import ThreadPoolExecutor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+def _sums_rows(vr, vi, iv, lr, li, il, g, ig, sk, isk, out, one, tiny, huge):
+    """Row b of `out` (R, M, Z, 2): $\\sum_n v_{mn}/(g_j - \\lambda_n)$ with the numerators `vr + i vi` of row `iv[b]` (Rv, M, N),
+    the poles `lr + i li` of row `il[b]` (Rl, N), the points of row `ig[b]` of `g` (Rg, Z, 2) and the pole `sk[isk[b], j]` left
+    out at point j (-1: none). Per point, the N reciprocals $\\bar d/|d|^2$ into a scratch, then the M sums over it: nothing of
+    size N x Z. Returns how many $|d|^2$ of the poles not left out fell outside [tiny, huge] (then `out` is not to be used)."""
+    R, M, Z, N = out.shape[0], out.shape[1], out.shape[2], lr.shape[1]
+    zero = one - one  # of the inputs' dtype: the sums stay in their precision
+    wr, wi = np.empty(N, lr.dtype), np.empty(N, lr.dtype)
+    bad = 0
+    for b in range(R):
+        a, p, q, s = iv[b], il[b], ig[b], isk[b]
+        for j in range(Z):
+            gr, gi, m0 = g[q, j, 0], g[q, j, 1], sk[s, j]
+            for n in range(N):
+                dr, di = gr - lr[p, n], gi - li[p, n]
+                d2 = dr * dr + di * di
+                inv = one / d2
+                x, y = dr * inv, -di * inv
+                if n == m0: x, y = zero, zero  # the pole left out at this point
+                elif not (d2 >= tiny and d2 <= huge): bad += 1  # 1/d2 over- or underflows
+                wr[n], wi[n] = x, y
+            for m in range(M):
+                sr, si = zero, zero
+                for n in range(N):
+                    sr += vr[a, m, n] * wr[n] - vi[a, m, n] * wi[n]
+                    si += vr[a, m, n] * wi[n] + vi[a, m, n] * wr[n]
+                out[b, m, j, 0], out[b, m, j, 1] = sr, si
+    return bad
+
+# numba's default error model raises on x / 0 (a test per division, no vector code); the sums may be reassociated (vectorized)
+_sums = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})(_sums_rows) if numba is not None else None
+_FAST_MIN = 1 << 20  # batch x M x N x points from which the rows are split over PyTorch's threads
+
+def _unrecorded(*xs):
+    "Whether nothing records a call on the tensors `xs`: no gradient needed, no `torch.func` transform, forward-mode AD level, tracing, compiling or dispatch mode."
+    if torch._C._are_functorch_transforms_active() or _fwAD._current_level >= 0 or torch.jit.is_tracing() or torch.compiler.is_compiling(): return False
+    if _get_current_dispatch_mode() is not None: return False
+    return not (torch.is_grad_enabled() and any(x.requires_grad for x in xs))
+
+def _cauchy_fast(v, g, lam, skip):
+    """`cauchy`'s sums by `_sums` (v, g, lam already in the working dtype), for complex CPU inputs of finite values in a call that
+    nothing records; None otherwise, or where a reciprocal would over- or underflow (then `_Cauchy` runs)."""
+    if _sums is None or v.dtype not in (torch.complex64, torch.complex128) or not _unrecorded(v, g, lam): return None
+    if any(x.device.type != "cpu" for x in (v, g, lam)): return None
+    M, N, Z = v.shape[-2], lam.shape[-1], g.shape[-1]
+    batch = broadcast_shapes(v.shape[:-2], g.shape[:-1], lam.shape[:-1], *([] if skip is None else [skip.shape[:-1]]))
+    R = math.prod(batch)
+    if R * M * N * Z == 0 or not all(bool(torch.isfinite(x).all()) for x in (v, g, lam)): return None
+    def rows(x, k):  # x as (its rows, its last k dims), and the row of x that each of the R rows reads (broadcast rows are not copied)
+        bx = x.shape[:x.ndim - k]
+        return x.detach().resolve_conj().reshape(-1, *x.shape[x.ndim - k:]), np.broadcast_to(np.arange(math.prod(bx)).reshape(bx), batch).reshape(-1)
+    (v2, iv), (l2, il), (g2, ig) = rows(v, 2), rows(lam, 1), rows(g, 1)
+    vr, vi, lr, li = (x.contiguous().numpy() for x in (v2.real, v2.imag, l2.real, l2.imag))
+    G = torch.view_as_real(g2.contiguous()).numpy()
+    if skip is None: sk, isk = np.full((1, Z), -1, np.int64), np.zeros(R, np.int64)
+    else: s2, isk = rows(skip, 1); sk = s2.contiguous().numpy()
+    out = torch.empty(R, M, Z, dtype=v.dtype)
+    O, f = torch.view_as_real(out).numpy(), np.finfo(vr.dtype)
+    args = lambda i, j: (vr, vi, iv[i:j], lr, li, il[i:j], G, ig[i:j], sk, isk[i:j], O[i:j], vr.dtype.type(1), f.tiny, f.max)
+    n = min(torch.get_num_threads(), R) if R * M * N * Z >= _FAST_MIN else 1
+    if n <= 1: bad = _sums(*args(0, R))
+    else:  # numba releases the GIL (nogil), so each thread runs its own slice of rows in parallel
+        cut = np.linspace(0, R, n + 1).astype(int)
+        with ThreadPoolExecutor(n) as pool: bad = sum(pool.map(lambda i: _sums(*args(cut[i], cut[i + 1])), range(n)))
+    return None if bad else out.view(*batch, M, Z)
+
 # %% ../../nbs/engine/conv.ipynb #bbefc06e
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
