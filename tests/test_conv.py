@@ -243,7 +243,7 @@ def count_passes(monkeypatch):
     calls = []
     np_pass, np_direct, scaled_conv, head_sums = engine._np_pass, engine._np_direct, engine._scaled_conv, engine._head_sums
     monkeypatch.setattr(engine, "_head_sums", lambda u, K, P: (calls.append(P), head_sums(u, K, P))[1])
-    monkeypatch.setattr(engine, "_np_pass", lambda A, *a: (calls.append(A.shape[-1]), np_pass(A, *a))[1])
+    monkeypatch.setattr(engine, "_np_pass", lambda A, *a, **k: (calls.append(A.shape[-1]), np_pass(A, *a, **k))[1])
     monkeypatch.setattr(engine, "_np_direct", lambda A, *a: (calls.append(A.shape[-1]), np_direct(A, *a))[1])
     monkeypatch.setattr(engine, "_scaled_conv", lambda u, *a: (calls.append(u.shape[-1]), scaled_conv(u, *a))[1])
     return calls
@@ -1074,3 +1074,99 @@ def test_guard_fused_only_where_it_applies(monkeypatch):
     assert not engine._fused(ug, K, engine._absmax(ug), engine._absmax(K), y.clone())
     uh = u.clone(); uh[0, 0] = 1e37
     assert not engine._fused(uh, K, engine._absmax(uh), engine._absmax(K), y.clone()) and len(calls) == 1
+
+
+# ---------------------------------------------------------------- issue 32: the CPU path's lean pass, workspaces, thresholds
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_absmax_rows_matches_numpy(dtype):
+    "The rows' largest |x| from the bits (numba) or NumPy: equal to NumPy's max of |x|, NaN or inf where a row has one, -0 and subnormals included."
+    g = np.random.default_rng(0)
+    A = g.standard_normal((7, 33)).astype(dtype)
+    A[1, 4], A[2, 0], A[3, -1], A[4] = np.nan, -np.inf, np.inf, -0.0
+    A[5, 3] = -np.finfo(dtype).max; A[6] = np.finfo(dtype).smallest_subnormal * np.arange(33)
+    h = engine._absmax_rows(A)
+    ref = np.abs(A).max(-1)
+    assert h.dtype == dtype and np.array_equal(h[~np.isnan(ref)], ref[~np.isnan(ref)]) and np.isnan(h[1]) and np.isinf(h[[2, 3]]).all()
+    np.testing.assert_array_equal(engine._absmax_rows(A[[0, 5, 6], ::3]), np.abs(A[[0, 5, 6], ::3]).max(-1))  # a strided view
+
+
+def test_mul_rows_matches_numpy():
+    "X[r] *= F[idx[r]] in place, the rows of F read where they are: equal to NumPy's gathered product."
+    g = np.random.default_rng(1)
+    X = (g.standard_normal((9, 17)) + 1j * g.standard_normal((9, 17))).astype(np.complex64)
+    F = (g.standard_normal((4, 17)) + 1j * g.standard_normal((4, 17))).astype(np.complex64)
+    idx = np.array([0, 1, 2, 3, 0, 1, 2, 3, 3])
+    ref = X * F[idx]
+    engine._mul_rows(X, F, idx)
+    np.testing.assert_allclose(X, ref, rtol=3e-7, atol=0)  # float32 rounding (the compiled product may fuse a multiply-add)
+
+
+def test_workspaces_are_reused_and_kept_apart(monkeypatch):
+    """The CPU path's buffers are kept per thread between calls (no fresh pages per call) and never leak one call's data into
+    another: calls of other lengths, kernels and batches in between, then the first call again, all equal the float64 reference."""
+    monkeypatch.setattr(engine, "_CPU_MIN_L", 0); monkeypatch.setattr(engine, "_CPU_MIN_SIZE", 0)
+    g = torch.Generator().manual_seed(11)
+    calls = [(torch.randn(3, 4, 300, generator=g), torch.randn(4, 300, generator=g) / 17),
+             (torch.randn(2, 300, generator=g), torch.randn(2, 120, generator=g) / 11),  # a shorter kernel: same length n, other rows
+             (torch.randn(5, 1, 301, generator=g), torch.randn(3, 301, generator=g) / 17)]
+    for u, K in calls + calls[:1]:
+        y, ref = causal_conv(u, K), np_conv(u, torch.nn.functional.pad(K, (0, u.shape[-1] - K.shape[-1])))
+        assert (y.double() - ref).abs().max() < 1e-6 * ref.abs().max()
+    n = next_fast_len(2 * 300 - 1)
+    w = engine._workspace("u", n, 300, np.float32, engine._block_rows(n))
+    assert engine._workspace("u", n, 300, np.float32, engine._block_rows(n)) is w  # kept
+    assert w.buf.strides[0] == (n + engine._PAD) * 4 and not w.buf[:, 300:].any()  # padded rows; the zero padding stays zero
+    assert len(engine._kept.spectra) <= engine._KEPT
+    big = 2 * engine._SPAN // engine._ROWS  # rows this long would need blocks of more than _SPAN samples: not kept (memory)
+    assert engine._workspace("u", big, big // 2, np.float32, engine._block_rows(big)) is not engine._workspace("u", big, big // 2, np.float32, engine._block_rows(big))
+
+
+def test_workspaces_per_thread():
+    "Two threads convolving different data at once each get their own buffers: both results equal the reference."
+    import threading
+    g = torch.Generator().manual_seed(12)
+    data = [(torch.randn(64, 1024, generator=g), torch.randn(1024, generator=g) / 32) for _ in range(2)]
+    out = [None, None]
+    def work(i):
+        for _ in range(5): out[i] = causal_conv(*data[i])
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    for (u, K), y in zip(data, out): assert (y.double() - np_conv(u, K)).abs().max() < 1e-6 * np_conv(u, K).abs().max()
+
+
+@pytest.mark.parametrize("L", [engine._CPU_MIN_L - 1, engine._CPU_MIN_L])
+def test_cpu_path_threshold_both_sides(L, monkeypatch):
+    "Just below the CPU path's length threshold the torch path runs, at it the CPU path; both equal the float64 reference, forward and backward."
+    taken = []
+    np_causal, causal_torch = engine._np_causal, engine._causal_torch
+    monkeypatch.setattr(engine, "_np_causal", lambda *a: (taken.append("CPU"), np_causal(*a))[1])
+    monkeypatch.setattr(engine, "_causal_torch", lambda *a: (taken.append("torch"), causal_torch(*a))[1])
+    g = torch.Generator().manual_seed(L)
+    u, K = torch.randn(2, 3, L, generator=g, dtype=torch.float64), torch.randn(3, L, generator=g, dtype=torch.float64) / math.sqrt(L)
+    y = causal_conv(u, K)
+    assert taken == ["CPU" if L >= engine._CPU_MIN_L else "torch"]
+    torch.testing.assert_close(y, np_conv(u, K), rtol=0, atol=1e-12)
+    ug, Kg = u.clone().requires_grad_(), K.clone().requires_grad_()
+    w = torch.randn(2, 3, L, generator=g, dtype=torch.float64)
+    (causal_conv(ug, Kg) * w).sum().backward()
+    gu = np.stack([[np.correlate(w[b, h].numpy(), K[h].numpy(), "full")[L - 1:] for h in range(3)] for b in range(2)])  # sum_t w_t K_{t-s}
+    torch.testing.assert_close(ug.grad, torch.from_numpy(gu), rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("fft", FFTS)
+def test_lean_pass_equals_general_pass(fft, monkeypatch):
+    """Ordinary data (finite, nothing huge) takes the CPU path's lean pass (no masks or scaling; step 2 by `_heads` with numba):
+    it equals the general pass (forced by reporting a non-finite row maximum) to float32 rounding, and both the reference."""
+    use_fft(fft, monkeypatch)
+    g = torch.Generator().manual_seed(13)
+    u, K = torch.randn(6, 5, 700, generator=g), torch.randn(5, 700, generator=g) / 26
+    lean = causal_conv(u, K)
+    absmax = engine._absmax_rows
+    monkeypatch.setattr(engine, "_absmax_rows", lambda A: np.full(len(A), np.nan, A.dtype))  # every row looks non-finite: the general pass
+    general = causal_conv(u, K)
+    monkeypatch.setattr(engine, "_absmax_rows", absmax)
+    ref = np_conv(u, K)
+    assert (lean.double() - ref).abs().max() < 3e-7 * ref.abs().max() and (general.double() - ref).abs().max() < 3e-7 * ref.abs().max()
+    assert (lean - general).abs().max() < 1e-6 * ref.abs().max()

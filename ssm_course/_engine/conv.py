@@ -166,8 +166,17 @@ def _fused(u, K, hu, hK, y):
 try: import ducc0  # optional (`pip install "ssm_course[fast]"`): pocketfft's successor, faster than torch.fft here
 except ImportError: ducc0 = None  # then the CPU path transforms with torch.fft; tests set this to None to force that
 
-_CPU_MIN_L, _CPU_MIN_SIZE = 1024, 2**18  # the CPU path runs for rows at least this long and batches at least this big
-_ROWS = 8  # FFT rows per block of the CPU path: ducc0 vectorizes across them, and 8 rows of 2L samples stay in cache
+import threading
+
+_CPU_MIN_L, _CPU_MIN_SIZE = 256, 0  # the CPU path runs for rows at least this long and batches at least this big (measured: section 2)
+_ROWS = 8  # FFT rows per block of the CPU path at least: ducc0 vectorizes across them
+_SPAN = 2**18  # samples per block buffer at most (beyond _ROWS rows): fewer, larger blocks (2^12 to 2^18 measured: 2^18 fastest)
+_PAD = 16  # each buffer row is this many numbers longer than its transform: rows 2^k bytes apart would share cache sets
+_KEPT = 4  # workspaces of at most _SPAN samples kept per thread between calls (the most recent): fresh buffers cost a page fault per 4 KiB
+
+def _block_rows(n):
+    "FFT rows per block for transforms of length `n`."
+    return max(_ROWS, _SPAN // n)
 
 def _take(A, idx):
     "`A[idx]` for a 1-d index array: a view when `idx` is a run of consecutive rows, else a copy."
@@ -181,10 +190,12 @@ def _np_exponents(hi, dtype):
 class _Spectra:
     "Real FFTs of length `n` (ducc0's, else torch.fft's) of rows zero-padded from `m` samples, in buffers reused from block to block."
     def __init__(self, n, m, dtype, rows=_ROWS):
-        self.n, self.m, self.threads = n, m, torch.get_num_threads()
-        self.buf = np.zeros((rows, n), dtype)  # columns m: stay zero, the padding
-        self.X = np.empty((rows, n // 2 + 1), np.result_type(dtype, np.complex64))
-        self.y = np.empty((rows, n), dtype)
+        self.n, self.m = n, m
+        self.buf = np.zeros((rows, n + _PAD), dtype)[:, :n]  # columns m: stay zero, the padding
+        self.X = np.empty((rows, n // 2 + 1 + _PAD // 2), np.result_type(dtype, np.complex64))[:, :n // 2 + 1]
+        self.y = np.empty((rows, n + _PAD), dtype)[:, :n]
+    @property
+    def threads(self): return torch.get_num_threads()
     def load(self, A, idx):
         "Copy the rows `A[idx]` into the buffer; return the (r, m) view of them."
         self.buf[:len(idx), :self.m] = _take(A, idx)
@@ -198,6 +209,19 @@ class _Spectra:
         if ducc0 is None: return torch.fft.irfft(torch.from_numpy(X), n=self.n, out=torch.from_numpy(self.y[:len(X)])).numpy()[:, :L]
         return ducc0.fft.c2r(X, axes=(1,), lastsize=self.n, forward=False, inorm=2, out=self.y[:len(X)],
                              nthreads=self.threads, allow_overwriting_input=True)[:, :L]
+
+_kept = threading.local()
+
+def _workspace(role, n, m, dtype, rows):
+    "A `_Spectra(n, m, dtype, rows)` for `role` (one per operand of a pass), kept from this thread's earlier calls when it fits in `_SPAN` samples."
+    if rows * n > _SPAN: return _Spectra(n, m, dtype, rows)  # long rows (n > 2^15): not kept, the transforms dwarf the page faults
+    kept = _kept.__dict__.setdefault("spectra", {})
+    key = (role, n, m, np.dtype(dtype).str, rows)
+    if key not in kept:
+        while len(kept) >= _KEPT: kept.pop(next(iter(kept)))  # the oldest first
+        kept[key] = _Spectra(n, m, dtype, rows)
+    else: kept[key] = kept.pop(key)  # now the most recent
+    return kept[key]
 
 def _spectra(A, n):
     "Spectra of all rows of `A`, zero-padded to `n`: for an operand shared by many rows."
@@ -223,33 +247,72 @@ def _np_first(A, ia, bad, hi, Bm, ib, hK, L):
         first[r] = (np.maximum.accumulate(u_r) * mK >= hi[r] / _GUARD).argmax()
     return first
 
-def _np_pass(A, ia, Bm, ib, L, rows=_ROWS):
+def _np_pass(A, ia, Bm, ib, L, rows=None, plain=False):
     """One pass of the CPU path. Row r: the first `L` outputs of the convolution of `A[ia[r], :L]` with `Bm[ib[r]]` (finite),
-    its inputs zeroed from the first non-finite one (`bad[r]`, else `L`); `first[r]` from `_np_first`."""
+    its inputs zeroed from the first non-finite one (`bad[r]`, else `L`); `first[r]` from `_np_first`. With `plain` (every
+    row of `A` finite and none huge, checked by the caller) the rows are transformed as they are: (out, None, None)."""
     n, R = _next_fast_len(L + Bm.shape[-1] - 1), len(ia)
-    hK = np.maximum(Bm.max(-1), -Bm.min(-1))  # largest |K| per kernel row (finite here)
-    eK = _np_exponents(hK, Bm.dtype)  # huge kernel rows: divided by a power of 2 here (exact), multiplied back below
+    rows = rows or _block_rows(n)
+    hK = None if plain else np.maximum(Bm.max(-1), -Bm.min(-1))  # largest |K| per kernel row (finite here)
+    eK = np.zeros(len(Bm), int) if plain else _np_exponents(hK, Bm.dtype)  # huge kernel rows: divided by a power of 2 here (exact), multiplied back below
     Bs = Bm * np.ldexp(1.0, -eK).astype(Bm.dtype)[:, None] if eK.any() else Bm  # what is transformed
     FB = _spectra(Bs, n) if len(Bs) < R else None  # a kernel broadcast over rows: transform each of its rows once
-    sa = _Spectra(n, L, A.dtype, rows)
-    sb = _Spectra(n, Bs.shape[-1], Bs.dtype, rows) if FB is None else None
+    sa = _workspace("u", n, L, A.dtype, rows)
+    sb = _workspace("K", n, Bs.shape[-1], Bs.dtype, rows) if FB is None else None
     out, his, bad = np.empty((R, L), A.dtype), np.empty(R, A.dtype), np.full(R, L)
     for s in range(0, R, rows):
         ua, kb = sa.load(A, ia[s:s + rows]), ib[s:s + rows]  # (r, L) view of the padded buffer: masked and scaled in place
-        hi = np.maximum(ua.max(-1), -ua.min(-1))  # largest |u| per row; NaN or inf marks a non-finite row
-        for i in np.nonzero(~np.isfinite(hi))[0]:
-            b = int((~np.isfinite(ua[i])).argmax()); ua[i, b:] = 0; bad[s + i] = b
-            hi[i] = np.abs(ua[i]).max()
-        his[s:s + rows] = hi
-        eu = _np_exponents(hi, A.dtype)  # huge rows: divided by a power of 2 here (exact), multiplied back below
-        if eu.any(): ua *= np.ldexp(1.0, -eu).astype(A.dtype)[:, None]
-        Y = _take(FB, kb) if FB is not None else (sb.load(Bs, kb), sb.fwd(len(ua)))[1]
+        eu = None if plain else _np_mask_scale(ua, bad[s:s + rows], his[s:s + rows])
         X = sa.fwd(len(ua))
-        X *= Y
+        if FB is not None: _mul_rows(X, FB, kb)
+        else: X *= (sb.load(Bs, kb), sb.fwd(len(ua)))[1]
         out[s:s + rows] = sa.inv(X, L)
-        for e in (eu, eK[kb]):  # one power of 2 at a time: each is a finite float
+        for e in ([] if plain else (eu, eK[kb])):  # one power of 2 at a time: each is a finite float
             if e.any(): out[s:s + rows] *= np.ldexp(1.0, e).astype(A.dtype)[:, None]
-    return out, _np_first(A, ia, bad, his, Bm, ib, hK, L), bad
+    return (out, None, None) if plain else (out, _np_first(A, ia, bad, his, Bm, ib, hK, L), bad)
+
+def _np_mask_scale(ua, bad, his):
+    """Steps 1 and 3 on a block of loaded rows `ua`, in place: zero each row from its first non-finite value (its index into
+    `bad`), write each row's largest |u| into `his`, divide huge rows by a power of 2; return those exponents."""
+    hi = np.maximum(ua.max(-1), -ua.min(-1))  # largest |u| per row; NaN or inf marks a non-finite row
+    for i in np.nonzero(~np.isfinite(hi))[0]:
+        b = int((~np.isfinite(ua[i])).argmax()); ua[i, b:] = 0; bad[i] = b
+        hi[i] = np.abs(ua[i]).max()
+    his[:] = hi
+    eu = _np_exponents(hi, ua.dtype)  # huge rows: divided by a power of 2 here (exact), multiplied back below
+    if eu.any(): ua *= np.ldexp(1.0, -eu).astype(ua.dtype)[:, None]
+    return eu
+
+def _absmax_bits(I, mask):
+    """(rows,): per row of `I`, the integer view of float rows, the largest of the bits `x & mask` (the sign bit cleared).
+    Non-negative floats order as their bits do: this is the bits of the largest |x|, and of a NaN or an infinity if the row has one."""
+    out = np.empty(I.shape[0], I.dtype)
+    for r in range(I.shape[0]):
+        m = I[r, 0] & mask
+        for x in I[r]: m = max(m, x & mask)  # an integer maximum: vectorized, unlike a float one
+        out[r] = m
+    return out
+
+_absmax_compiled = numba.njit(cache=True, nogil=True)(_absmax_bits) if numba is not None else None
+
+def _absmax_rows(A):
+    "(rows,): the largest |x| of each row of `A` (real floats); NaN or inf for a row with a NaN or an infinity."
+    if _absmax_compiled is None: return np.maximum(A.max(-1), -A.min(-1))
+    it = np.int32 if A.dtype == np.float32 else np.int64
+    return _absmax_compiled(A.view(it), it(np.iinfo(it).max)).view(A.dtype)
+
+def _mul_rows_py(X, F, idx):
+    "`X[r] *= F[idx[r]]` for every row r, in place, without gathering the rows of `F`."
+    for r in range(X.shape[0]):
+        x, f = X[r], F[idx[r]]
+        for k in range(X.shape[1]): x[k] = x[k] * f[k]
+
+_mul_rows_compiled = numba.njit(cache=True, nogil=True)(_mul_rows_py) if numba is not None else None
+
+def _mul_rows(X, F, idx):
+    "`X *= F[idx]` (complex rows), compiled with numba, else with NumPy's gather."
+    if _mul_rows_compiled is None: X *= _take(F, idx)
+    else: _mul_rows_compiled(X, F, idx)
 
 def _np_direct(A, Bm):
     "Row r: the direct sums $y_t = \\sum_{s \\le t} K_s u_{t-s}$ of `A[r]` and `Bm[r]` (finite), huge rows scaled by powers of 2 as in `_np_pass`."
@@ -264,13 +327,19 @@ def _np_direct(A, Bm):
         if e.any(): y *= np.ldexp(1.0, e).astype(A.dtype)[:, None]
     return y
 
-def _np_causal(A, ia, Bm, ib, L, rows=_ROWS):
+def _np_causal(A, ia, Bm, ib, L, rows=None):
     "Row r: the causal convolution of `A[ia[r], :L]` with `Bm[ib[r]]`, with steps 1 to 3, levels of step 2 in a loop."
-    badK, finK = np.full(len(Bm), L), np.isfinite(Bm)
-    if not finK.all():  # a non-finite tap: zero from there on, NaN outputs from there on
-        badK = np.where(finK.all(-1), L, (~finK).argmax(-1))
-        Bm = np.where(np.arange(Bm.shape[-1]) >= badK[:, None], 0, Bm).astype(Bm.dtype)
-    out, first, bad = _np_pass(A, ia, Bm, ib, L, rows)
+    hA, hB = _absmax_rows(A[:, :L]), _absmax_rows(Bm)
+    if np.isfinite(hB).all() and np.isfinite(hA).all() and max(hA.max(), hB.max()) < _huge(torch.float32 if A.dtype == np.float32 else torch.float64):
+        out = _np_pass(A, ia, Bm, ib, L, rows, plain=True)[0]  # ordinary data: nothing to mask or scale
+        if _heads is not None and _heads(A, ia, Bm, ib, out, hA, hB, _FIRST[-1], _GUARD): return out  # numba: step 2 in one pass
+        first, bad, badK = _np_first(A, ia, np.full(len(ia), L), hA[ia], Bm, ib, hB, L), np.full(len(ia), L), np.full(len(Bm), L)
+    else:
+        badK, finK = np.full(len(Bm), L), np.isfinite(Bm)
+        if not finK.all():  # a non-finite tap: zero from there on, NaN outputs from there on
+            badK = np.where(finK.all(-1), L, (~finK).argmax(-1))
+            Bm = np.where(np.arange(Bm.shape[-1]) >= badK[:, None], 0, Bm).astype(Bm.dtype)
+        out, first, bad = _np_pass(A, ia, Bm, ib, L, rows)
     bad = np.minimum(bad, badK[ib])
     live = np.arange(len(ia))  # the rows of `out` that the current level recomputes
     while (first > 0).any():  # step 2, level by level: outputs before `first` from the inputs and taps before it only
@@ -287,11 +356,11 @@ def _np_causal(A, ia, Bm, ib, L, rows=_ROWS):
     for r in np.nonzero(bad < L)[0]: out[r, bad[r]:] = np.nan
     return out
 
-def _np_correlate(G, A, ia, L, io, n_out, n, rows=_ROWS):
+def _np_correlate(G, A, ia, L, io, n_out, n, rows=None):
     "Row j: the sum over rows r with io[r] = j (row r itself if `io` is None) of $\\sum_t G_{r,t} A_{ia[r], t-l}$, l < L."
-    R = len(G)
+    R, rows = len(G), rows or _block_rows(n)
     FA = _spectra(A, n) if len(A) < R else None
-    sg, sa = _Spectra(n, G.shape[1], G.dtype, rows), (_Spectra(n, A.shape[1], A.dtype, rows) if FA is None else None)
+    sg, sa = _workspace("g", n, G.shape[1], G.dtype, rows), (_workspace("a", n, A.shape[1], A.dtype, rows) if FA is None else None)
     out = np.empty((R, L), G.dtype) if io is None else None
     acc = np.zeros((n_out, n // 2 + 1), sg.X.dtype) if io is not None else None
     for s in range(0, R, rows):
@@ -332,11 +401,11 @@ def _np_grads(g, u, K, need_u, need_K):
 
 # %% ../../nbs/engine/conv.ipynb #f0f9b44d
 def _cpu_path(u, batch):
-    "Whether the CPU path runs: real CPU tensors, long rows and a big batch (the row loop pays off only there)."
+    "Whether the CPU path runs: real CPU tensors, rows at least `_CPU_MIN_L` long and at least `_CPU_MIN_SIZE` samples in all."
     return u.device.type == "cpu" and not u.is_complex() and u.shape[-1] >= _CPU_MIN_L and math.prod(batch) * u.shape[-1] >= _CPU_MIN_SIZE
 
 def _causal_impl(u, K):
-    "The forward of `causal_conv` (same dtype and device, K no longer than u): the CPU path for long real rows and big batches, else the torch path."
+    "The forward of `causal_conv` (same dtype and device, K no longer than u): the CPU path for real CPU rows of at least 256 samples, else the torch path."
     batch, L = broadcast_shapes(u.shape[:-1], K.shape[:-1]), u.shape[-1]
     if _cpu_path(u, batch):
         iu, iK = _row_index(batch, u.shape[:-1]), _row_index(batch, K.shape[:-1])
