@@ -158,7 +158,7 @@ def ssm_kernel_dplr(
     k = cauchy(v, g, Lambda, chunk, skip=m).unflatten(-2, (1 + r, 1 + r)).movedim(-1, -3)  # (..., L, 1+r, 1+r): the sums k'
     k_CB, k_CP, k_PB, k_PP = k[..., 0, 0], k[..., 0, 1:], k[..., 1:, 0], k[..., 1:, 1:]
     at = lambda x: x.gather(-1, m)  # (..., L): x[..., m_k]
-    p_m = P.mT.gather(-2, m[..., None].expand(*m.shape, r))  # (..., L, r): P[..., :, m_k]
+    p_m = P.gather(-1, m[..., None, :].expand(*m.shape[:-1], r, L)).mT  # (..., L, r): P[..., :, m_k]
     M = torch.cat([torch.cat([torch.eye(r, dtype=ctype, device=Lambda.device) + k_PP, -p_m.conj()[..., :, None]], -1),
                    torch.cat([p_m[..., None, :], (g - at(Lambda))[..., None, None]], -1)], -2)  # (..., L, r+1, r+1)
     sol = _solve_small(M, torch.cat([k_PB, at(B)[..., None]], -1))  # (..., L, r+1): (y, x_m); torch.linalg.solve (2 x 2: Cramer, engine)

@@ -134,3 +134,76 @@ def test_rows_split_over_threads(monkeypatch):
         torch.set_num_threads(3)
         assert torch.equal(cauchy(v, z, lam, skip=skip), one)
     finally: torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- C~'s products and the 2 x 2 solves (engine/conv)
+
+@pytest.fixture
+def counted(monkeypatch):
+    "Calls of the compiled products (`_powers`) and solves (`_cramer`) by name."
+    seen = {"powers": 0, "cramer": 0}
+    for name in seen:
+        real = getattr(engine, "_" + name)
+        def wrap(*a, name=name, real=real):
+            seen[name] += 1
+            return real(*a)
+        monkeypatch.setattr(engine, "_" + name, wrap)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.complex128, torch.complex64, torch.float64])
+def test_times_power_equals_numpy_matrix_power(dtype, counted):
+    """w M^q by the compiled products (one row's matrix at a time) against NumPy's matrix_power in complex128, with a batch of
+    rows broadcast against fewer matrices (observed 1.4e-15 of the largest entry in double at q = 64, 6.8e-7 in complex64); autograd runs
+    torch's products and gets the same values."""
+    g = torch.Generator().manual_seed(4)
+    cast = lambda x: (x if dtype.is_complex else x.real).to(dtype)
+    M = cast(torch.randn(3, 1, 9, 9, dtype=torch.complex128, generator=g) / 3)
+    w = cast(torch.randn(2, 9, dtype=torch.complex128, generator=g))
+    for q in (2, 7, 64):
+        y = engine._times_power(w, M, q)
+        ref = np.einsum("bn,abnk->abk", w.to(torch.complex128).numpy(), np.linalg.matrix_power(M.to(torch.complex128).numpy(), q))
+        tol = 1e-6 if dtype == torch.complex64 else 2e-15
+        assert y.shape == (3, 2, 9) and y.dtype == dtype and np.abs(y.numpy() - ref).max() < tol * np.abs(ref).max()
+    assert counted["powers"] == 3
+    wg = w.clone().requires_grad_()
+    y = engine._times_power(wg, M, 7)
+    y.abs().sum().backward()
+    assert counted["powers"] == 3 and wg.grad is not None
+    assert (y.detach() - engine._times_power(w, M, 7)).abs().max() < 1e-5 * y.abs().max()
+
+
+def test_c_tilde_fast_equals_dense_power(counted):
+    "C~ = C(I - A-bar^L) with the compiled products (L = 2^14 + 5: dense squarings, then 64 products) against lesson 05's dense power."
+    from ssm_course.conv import _dense_c_tilde
+    Lam, P, B, _ = dplr("legs", 32)
+    g = torch.Generator().manual_seed(5)
+    C = torch.randn(3, 32, dtype=torch.complex128, generator=g)
+    dt = torch.tensor([[1e-3], [0.02], [0.3]], dtype=torch.float64)
+    args = (Lam.expand(3, 32), P.expand(3, *P.shape), B.expand(3, 32), C)
+    L = 2 ** 14 + 5
+    fast = engine._c_tilde(*args, dt, L)
+    assert counted["powers"] == 1
+    assert (fast - _dense_c_tilde(*args, dt, L)).abs().max() < 1e-16 * C.abs().max()  # observed 3.8e-18
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_cramer_fast_equals_lapack(dtype, counted):
+    """2 x 2 solves by the compiled Cramer's rule against NumPy's LAPACK solve in complex128 (well-conditioned systems: observed
+    7.3e-8 / 3.9e-16 of the largest entry); a singular system, a huge determinant, a NaN or a batch mismatch hands back to the
+    elementwise operations (their values, bit for bit); not used under autograd."""
+    g = torch.Generator().manual_seed(6)
+    M = (torch.randn(4, 7, 2, 2, dtype=torch.complex128, generator=g) + 3 * torch.eye(2)).to(dtype)
+    b = torch.randn(4, 7, 2, dtype=torch.complex128, generator=g).to(dtype)
+    x = engine._solve_small(M, b)
+    ref = np.linalg.solve(M.to(torch.complex128).numpy(), b.to(torch.complex128).numpy()[..., None])[..., 0]
+    tol = 2e-7 if dtype == torch.complex64 else 1e-15
+    assert counted["cramer"] == 1 and x.dtype == dtype and np.abs(x.numpy() - ref).max() < tol * np.abs(ref).max()
+    elementwise = lambda M, b: engine._solve_small(M.requires_grad_(), b).detach()  # autograd: the elementwise operations
+    big = 10 * torch.finfo(dtype).max ** 0.5  # its determinant overflows
+    for k, bad in enumerate([torch.zeros(2, 2), torch.tensor([[big, 0], [0, big]]), torch.tensor([[float("nan"), 0], [0, 1]])]):
+        Mk = M.clone(); Mk[1, 3] = bad.to(dtype)
+        torch.testing.assert_close(engine._solve_small(Mk, b), elementwise(Mk.clone(), b), rtol=0, atol=0, equal_nan=True)
+        assert counted["cramer"] == 2 + k
+    engine._solve_small(M, b[:1])  # b broadcast against M: the elementwise operations
+    assert counted["cramer"] == 4

@@ -639,17 +639,76 @@ def _c_tilde(Lambda, P, B, C, dt, L):
         while q > _APPLY:
             if q & 1: w = (w[..., None, :] @ M)[..., 0, :]
             M, q = M @ M, q >> 1
-        for _ in range(q): w = (w[..., None, :] @ M)[..., 0, :]
+        w = _times_power(w, M, q)  # q products (compiled in a call that nothing records)
     else:
         for _ in range(q): w = times(w, e, X, Y)
     return (c128(C) - w).to(C.dtype)
 
+# %% ../../nbs/engine/conv.ipynb #c5a1f010
+def _powers_rows(w, iM, M, q):
+    "In place: row r of `w` (R, N) times the matrix `M[iM[r]]` (N x N) q times, $w \\leftarrow wM^q$; one row's matrix stays in cache for its q products."
+    R, N = w.shape
+    t = np.empty(N, w.dtype)
+    for r in range(R):
+        A = M[iM[r]]
+        for _ in range(q):
+            t[:] = 0
+            for n in range(N):
+                x = w[r, n]
+                for k in range(N): t[k] += x * A[n, k]
+            w[r, :] = t
+
+_powers = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})(_powers_rows) if numba is not None else None
+
+def _times_power(w, M, q):
+    """$wM^q$ for rows w (..., N) and matrices M (..., N, N), q products: compiled (`_powers`) for CPU tensors of one dtype in a
+    call that nothing records (`_unrecorded`), else `torch.matmul` (a batch of matrix-vector products each time: 8 MB of matrices
+    streamed per product at $H = 128$, $N = 64$, complex128)."""
+    if _powers is None or q < 2 or w.device.type != "cpu" or M.device.type != "cpu" or w.dtype != M.dtype or w.numel() * M.numel() == 0 or not _unrecorded(w, M):
+        for _ in range(q): w = (w[..., None, :] @ M)[..., 0, :]
+        return w
+    batch, N = broadcast_shapes(w.shape[:-1], M.shape[:-2]), w.shape[-1]
+    W = w.detach().resolve_conj().expand(*batch, N).reshape(-1, N).clone()  # written in place
+    Ms = M.detach().resolve_conj().reshape(-1, N, N).contiguous()
+    _powers(W.numpy(), np.broadcast_to(np.arange(len(Ms)).reshape(M.shape[:-2]), batch).reshape(-1), Ms.numpy(), q)
+    return W.view(*batch, N)
+
 # %% ../../nbs/engine/conv.ipynb #c7a1d3e9
 def _solve_small(M, b):
-    "`torch.linalg.solve(M, b)` for M (..., n, n) and b (..., n); for n = 2 by Cramer's rule (forward stable for 2 x 2 systems), in elementwise operations."
+    """`torch.linalg.solve(M, b)` for M (..., n, n) and b (..., n); for n = 2 by Cramer's rule (forward stable for 2 x 2 systems), in
+    elementwise operations, compiled (`_cramer`) for complex CPU tensors in a call that nothing records."""
     if M.shape[-1] != 2: return torch.linalg.solve(M, b)
+    x = _cramer_fast(M, b)
+    if x is not None: return x
     (a, c), (e, d) = M[..., 0, :].unbind(-1), M[..., 1, :].unbind(-1)
     return torch.stack([d * b[..., 0] - c * b[..., 1], a * b[..., 1] - e * b[..., 0]], -1) / (a * d - c * e)[..., None]
+
+# %% ../../nbs/engine/conv.ipynb #c5a1f011
+def _cramer_rows(M, b, x, one, tiny, huge):
+    "x[i] = M[i]^{-1} b[i] for 2 x 2 systems (R, 2, 2) by Cramer's rule, into `x`; returns how many had $|\\det|^2$ outside [tiny, huge] or a result beyond huge."
+    bad = 0
+    for i in range(M.shape[0]):
+        a, c, e, d = M[i, 0, 0], M[i, 0, 1], M[i, 1, 0], M[i, 1, 1]
+        det = a * d - c * e
+        q = det.real * det.real + det.imag * det.imag
+        inv = det.conjugate() * (one / q)  # 1/det
+        x0, x1 = (d * b[i, 0] - c * b[i, 1]) * inv, (a * b[i, 1] - e * b[i, 0]) * inv
+        if not (q >= tiny and q <= huge and abs(x0.real) + abs(x0.imag) + abs(x1.real) + abs(x1.imag) <= huge): bad += 1
+        x[i, 0], x[i, 1] = x0, x1
+    return bad
+
+_cramer = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})(_cramer_rows) if numba is not None else None
+
+def _cramer_fast(M, b):
+    """`_solve_small`'s 2 x 2 solves by `_cramer` for complex CPU tensors of one dtype and batch in a call that nothing records; None
+    otherwise, or where a determinant or a result leaves the normal range or is not finite (then the elementwise operations run)."""
+    if _cramer is None or M.dtype not in (torch.complex64, torch.complex128) or b.dtype != M.dtype or M.shape[:-1] != b.shape or b.numel() == 0: return None
+    if M.device.type != "cpu" or b.device.type != "cpu" or not _unrecorded(M, b): return None
+    f = np.finfo(torch.finfo(M.dtype).dtype)
+    x = torch.empty_like(b, memory_format=torch.contiguous_format)
+    rows = lambda t, *s: t.detach().resolve_conj().reshape(-1, *s).contiguous().numpy()
+    bad = _cramer(rows(M, 2, 2), rows(b, 2), x.view(-1, 2).numpy(), f.dtype.type(1), f.tiny, f.max)
+    return None if bad else x
 
 # %% ../../nbs/engine/conv.ipynb #eee02747
 from torch.utils.checkpoint import checkpoint
