@@ -886,7 +886,6 @@ def test_causal_conv_head_sums_on_both_sides_of_direct(p, dtype, monkeypatch):
     tap = K.clone(); tap[0, 2 * p + 3] = 1e6
     un, calls, head_sums = u.double().numpy(), [], engine._head_sums
     monkeypatch.setattr(engine, "_head_sums", lambda u_, K_, P: (calls.append((u_.shape, K_.shape, P)), head_sums(u_, K_, P))[1])
-    monkeypatch.setattr(engine, "_heads", None)  # step 2 as torch operations (with numba, _heads does it: test_guard_fused_*)
     for Kx, n_ok in ((K, L), (tap, 2 * p + 3)):
         ux, Kx = u.to(dtype), Kx.to(dtype)
         calls.clear()
@@ -1023,7 +1022,6 @@ def test_first_big_step_reads_few_steps_on_ordinary_data(monkeypatch):
     g = torch.Generator().manual_seed(4)
     u, K = torch.randn(64, 32, 784, generator=g), torch.randn(32, 784, generator=g) / math.sqrt(784)
     seen, cummax = [], torch.Tensor.cummax
-    monkeypatch.setattr(engine, "_heads", None)  # the torch operations' search (with numba, _heads searches: test_guard_fused_*)
     monkeypatch.setattr(torch.Tensor, "cummax", lambda x, *a, **k: seen.append(x.shape[-1]) or cummax(x, *a, **k))
     y = engine._causal_torch(u, K)
     assert seen and max(seen) == 16
@@ -1031,49 +1029,47 @@ def test_first_big_step_reads_few_steps_on_ordinary_data(monkeypatch):
     assert (y.double() - np_conv(u, K)).abs().max() < 1e-6 * np_conv(u, K).abs().max()
 
 
-@pytest.mark.skipif(engine._heads is None, reason="numba is not installed: step 2 runs as torch operations")
+@pytest.mark.skipif(engine._heads is None, reason="numba is not installed: step 2 runs as NumPy operations")
 def test_guard_fused_with_numba_on_ordinary_data(monkeypatch):
-    """Issue 32 item 2: with numba, step 2 of the torch path (each row's first big step, the direct sums before it) is one compiled
-    pass over the rows (_heads) instead of some 20 torch operations: causal_conv took 1.6 instead of 2.6 times the torch.fft
-    one-liner's time at (32, 32, 128) and (64, 32, 784). On the sweep's data it runs without the torch search (which fails here
-    if called) and equals the float64 reference; broadcast rows, float64 and a 1-d call too."""
-    monkeypatch.setattr(engine, "_first_big", lambda *a: pytest.fail("step 2 ran as torch operations"))
+    """Issue 32 item 2: with numba, step 2 of the CPU path on ordinary data (each row's first big step, the direct sums before it)
+    is one compiled pass over the rows (_heads), not NumPy's search and levels (which fail here if called); it equals the float64
+    reference, with broadcast rows, float64 and a 1-d call too."""
+    monkeypatch.setattr(engine, "_np_first", lambda *a: pytest.fail("step 2 ran as NumPy operations"))
+    monkeypatch.setattr(engine, "_np_direct", lambda *a: pytest.fail("step 2 ran as NumPy operations"))
     g = torch.Generator().manual_seed(4)
     for us, ks, dtype in [((32, 32, 128), (32, 128), torch.float32), ((3, 1, 50), (4, 50), torch.float64), ((70,), (70,), torch.float32)]:
         u, K = torch.randn(us, generator=g, dtype=dtype), torch.randn(ks, generator=g, dtype=dtype) / math.sqrt(us[-1])
-        y, ref = engine._causal_torch(u, K), np_conv(u, K)
+        y, ref = causal_conv(u, K), np_conv(u, K)
         assert y.dtype == dtype and (y.double() - ref).abs().max() < (1e-14 if dtype == torch.float64 else 1e-6) * ref.abs().max()
 
 
 @pytest.mark.parametrize("p", [5, 63, 64, 150])
 @pytest.mark.parametrize("fused", [True, False])
-def test_guard_fused_and_torch_ops_agree(p, fused, monkeypatch):
-    """Both sides of _heads' window (a first big step before step 64: compiled; from 64 on: the torch operations' levels) and both
-    implementations (numba's, the torch operations'): the outputs before a 1e6 input at step p stay the prefix's direct sums."""
+def test_guard_fused_and_numpy_levels_agree(p, fused, monkeypatch):
+    """Both sides of _heads' window (a first big step before step 64: compiled; from 64 on: the NumPy levels) and both
+    implementations (numba's, NumPy's) on the CPU path: the outputs before a 1e6 input at step p stay the prefix's direct sums."""
     if fused and engine._heads is None: pytest.skip("numba is not installed")
     if not fused: monkeypatch.setattr(engine, "_heads", None)
     g = torch.Generator().manual_seed(p)
     u, K = torch.randn(4, 3, 200, generator=g), torch.randn(3, 200, generator=g) / 14
     u[..., p] = 1e6
-    y = engine._causal_torch(u, K)
+    y = causal_conv(u, K)
     ref, scale = np_conv(u[..., :p], K), np_conv(u[..., :p].abs(), K.abs())
-    assert ((y[..., :p].double() - ref).abs() / scale).max() < (3e-7 if p < 64 else 3e-5)  # the 1e6 leaks nothing: direct sums (observed 1.2e-7) or a prefix FFT level (3.6e-6)
+    assert ((y[..., :p].double() - ref).abs() / scale).max() < (3e-7 if p < 64 else 3e-5)  # the 1e6 leaks nothing: direct sums or a prefix FFT level
     assert ((y.double() - np_conv(u, K)).abs().max() / np_conv(u.abs(), K.abs()).max()) < 3e-7
 
 
 def test_guard_fused_only_where_it_applies(monkeypatch):
-    "_fused declines (torch operations run) for complex inputs, inputs that need gradients and rows that step 3 scales."
-    calls = []
-    monkeypatch.setattr(engine, "_heads", lambda *a: calls.append(1) or True)  # with or without numba: only whether _fused calls it
+    "The CPU path calls _heads only on ordinary data: not for a row with a NaN, an infinity or a huge value (step 1 or 3 applies)."
+    calls, heads = [], engine._heads
+    monkeypatch.setattr(engine, "_heads", lambda *a: calls.append(1) or (heads(*a) if heads is not None else False))
     u, K = torch.randn(2, 30), torch.randn(30)
-    y = engine._scaled_conv(u, K, engine._absmax(u), engine._absmax(K))
-    assert engine._fused(u, K, engine._absmax(u), engine._absmax(K), y) and len(calls) == 1
-    uc = torch.randn(2, 30, dtype=torch.complex64)
-    assert not engine._fused(uc, K, engine._absmax(uc), engine._absmax(K), engine._scaled_conv(uc, K, engine._absmax(uc), engine._absmax(K)))
-    ug = u.clone().requires_grad_()
-    assert not engine._fused(ug, K, engine._absmax(ug), engine._absmax(K), y.clone())
-    uh = u.clone(); uh[0, 0] = 1e37
-    assert not engine._fused(uh, K, engine._absmax(uh), engine._absmax(K), y.clone()) and len(calls) == 1
+    clean = causal_conv(u, K)
+    assert len(calls) == 1
+    for bad in (math.nan, math.inf, 1e37):
+        ub = u.clone(); ub[0, 7] = bad
+        y = causal_conv(ub, K)
+        assert len(calls) == 1 and torch.isfinite(y[0, :7]).all() and torch.allclose(y[1], clean[1], rtol=1e-6, atol=1e-6)
 
 
 # ---------------------------------------------------------------- issue 32: the CPU path's lean pass, workspaces, thresholds
@@ -1097,9 +1093,11 @@ def test_mul_rows_matches_numpy():
     X = (g.standard_normal((9, 17)) + 1j * g.standard_normal((9, 17))).astype(np.complex64)
     F = (g.standard_normal((4, 17)) + 1j * g.standard_normal((4, 17))).astype(np.complex64)
     idx = np.array([0, 1, 2, 3, 0, 1, 2, 3, 3])
+    Xb = np.concatenate([X, np.ones((9, 3), X.dtype)], 1)  # rows longer than the product (the CPU path's padded buffers)
     ref = X * F[idx]
-    engine._mul_rows(X, F, idx)
-    np.testing.assert_allclose(X, ref, rtol=3e-7, atol=0)  # float32 rounding (the compiled product may fuse a multiply-add)
+    engine._mul_rows(Xb, 17, F, idx)
+    np.testing.assert_allclose(Xb[:, :17], ref, rtol=3e-7, atol=0)  # float32 rounding (the compiled product may fuse a multiply-add)
+    assert (Xb[:, 17:] == 1).all()  # the padding untouched  # float32 rounding (the compiled product may fuse a multiply-add)
 
 
 def test_workspaces_are_reused_and_kept_apart(monkeypatch):
@@ -1136,22 +1134,24 @@ def test_workspaces_per_thread():
     for (u, K), y in zip(data, out): assert (y.double() - np_conv(u, K)).abs().max() < 1e-6 * np_conv(u, K).abs().max()
 
 
-@pytest.mark.parametrize("L", [engine._CPU_MIN_L - 1, engine._CPU_MIN_L])
-def test_cpu_path_threshold_both_sides(L, monkeypatch):
-    "Just below the CPU path's length threshold the torch path runs, at it the CPU path; both equal the float64 reference, forward and backward."
+@pytest.mark.parametrize("L", [1, 7, 128, 255, 256, 1024])
+@pytest.mark.parametrize("complex_", [False, True])
+def test_cpu_path_for_every_real_input(L, complex_, monkeypatch):
+    """Issue 32: measured faster at every shape tried (section 2 of engine/conv), the CPU path runs for every real CPU input,
+    at any length; complex inputs take the torch path. Both equal the float64 reference, forward and backward."""
     taken = []
     np_causal, causal_torch = engine._np_causal, engine._causal_torch
     monkeypatch.setattr(engine, "_np_causal", lambda *a: (taken.append("CPU"), np_causal(*a))[1])
     monkeypatch.setattr(engine, "_causal_torch", lambda *a: (taken.append("torch"), causal_torch(*a))[1])
-    g = torch.Generator().manual_seed(L)
-    u, K = torch.randn(2, 3, L, generator=g, dtype=torch.float64), torch.randn(3, L, generator=g, dtype=torch.float64) / math.sqrt(L)
+    g, dt = torch.Generator().manual_seed(L), torch.complex128 if complex_ else torch.float64
+    u, K = torch.randn(2, 3, L, generator=g, dtype=dt), torch.randn(3, L, generator=g, dtype=dt) / math.sqrt(L)
     y = causal_conv(u, K)
-    assert taken == ["CPU" if L >= engine._CPU_MIN_L else "torch"]
+    assert taken == ["torch" if complex_ else "CPU"]
     torch.testing.assert_close(y, np_conv(u, K), rtol=0, atol=1e-12)
     ug, Kg = u.clone().requires_grad_(), K.clone().requires_grad_()
-    w = torch.randn(2, 3, L, generator=g, dtype=torch.float64)
-    (causal_conv(ug, Kg) * w).sum().backward()
-    gu = np.stack([[np.correlate(w[b, h].numpy(), K[h].numpy(), "full")[L - 1:] for h in range(3)] for b in range(2)])  # sum_t w_t K_{t-s}
+    w = torch.randn(2, 3, L, generator=g, dtype=dt)
+    (causal_conv(ug, Kg) * w).real.sum().backward()
+    gu = np.stack([[np.correlate(w[b, h].numpy().conj(), K[h].numpy(), "full")[L - 1:] for h in range(3)] for b in range(2)])  # conj(sum_t w_t K_{t-s}): PyTorch's complex gradient
     torch.testing.assert_close(ug.grad, torch.from_numpy(gu), rtol=0, atol=1e-11)
 
 
