@@ -1088,7 +1088,7 @@ def test_absmax_rows_matches_numpy(dtype):
 
 
 def test_mul_rows_matches_numpy():
-    "X[r] *= F[idx[r]] in place, the rows of F read where they are: equal to NumPy's gathered product."
+    "X[r] *= F[idx[r]] (or its conjugate) and acc[idx[r]] += X[r] in place, the rows of F read where they are: equal to NumPy's gathered products and a loop's sums."
     g = np.random.default_rng(1)
     X = (g.standard_normal((9, 17)) + 1j * g.standard_normal((9, 17))).astype(np.complex64)
     F = (g.standard_normal((4, 17)) + 1j * g.standard_normal((4, 17))).astype(np.complex64)
@@ -1097,7 +1097,15 @@ def test_mul_rows_matches_numpy():
     ref = X * F[idx]
     engine._mul_rows(Xb, 17, F, idx)
     np.testing.assert_allclose(Xb[:, :17], ref, rtol=3e-7, atol=0)  # float32 rounding (the compiled product may fuse a multiply-add)
-    assert (Xb[:, 17:] == 1).all()  # the padding untouched  # float32 rounding (the compiled product may fuse a multiply-add)
+    assert (Xb[:, 17:] == 1).all()  # the padding untouched
+    Xc = np.concatenate([X, np.ones((9, 3), X.dtype)], 1)
+    engine._mul_rows(Xc, 17, F, idx, conj=True)  # the backward's correlation: the conjugate spectrum
+    np.testing.assert_allclose(Xc[:, :17], X * F[idx].conj(), rtol=3e-7, atol=0)
+    acc = np.zeros((4, 17), X.dtype)
+    engine._add_rows(acc, Xb, 17, idx)  # repeated rows add up (the gradient of a kernel broadcast over the batch)
+    ref_acc = np.zeros((4, 17), np.complex128)
+    for r, j in enumerate(idx): ref_acc[j] += Xb[r, :17]
+    np.testing.assert_allclose(acc, ref_acc, rtol=1e-6, atol=1e-6)
 
 
 def test_workspaces_are_reused_and_kept_apart(monkeypatch):

@@ -290,18 +290,32 @@ def _absmax_rows(A):
     it = np.int32 if A.dtype == np.float32 else np.int64
     return _absmax_compiled(A.view(it), it(np.iinfo(it).max)).view(A.dtype)
 
-def _mul_rows_py(Xb, ncol, F, idx):
-    "`Xb[r, :ncol] *= F[idx[r]]` for every row r, in place, without gathering the rows of `F`."
+def _mul_rows_py(Xb, ncol, F, idx, conj):
+    "`Xb[r, :ncol] *= F[idx[r]]` (its conjugate with `conj`) for every row r, in place, without gathering the rows of `F`."
     for r in range(Xb.shape[0]):
         x, f = Xb[r], F[idx[r]]
-        for k in range(ncol): x[k] = x[k] * f[k]
+        if conj:
+            for k in range(ncol): x[k] = x[k] * f[k].conjugate()
+        else:
+            for k in range(ncol): x[k] = x[k] * f[k]
 
-_mul_rows_compiled = numba.njit(cache=True, nogil=True)(_mul_rows_py) if numba is not None else None
+def _add_rows_py(acc, Xb, ncol, idx):
+    "`acc[idx[r]] += Xb[r, :ncol]` for every row r (repeated indices add up), in place."
+    for r in range(Xb.shape[0]):
+        a, x = acc[idx[r]], Xb[r]
+        for k in range(ncol): a[k] += x[k]
 
-def _mul_rows(Xb, ncol, F, idx):
-    "`Xb[:, :ncol] *= F[idx]` (complex rows; `Xb` C-contiguous, its rows read whole by the compiled loop), compiled with numba, else with NumPy's gather."
-    if _mul_rows_compiled is None: Xb[:, :ncol] *= _take(F, idx)
-    else: _mul_rows_compiled(Xb, ncol, F, idx)
+_mul_rows_compiled, _add_rows_compiled = (numba.njit(cache=True, nogil=True)(f) if numba is not None else None for f in (_mul_rows_py, _add_rows_py))
+
+def _mul_rows(Xb, ncol, F, idx, conj=False):
+    "`Xb[:, :ncol] *= F[idx]` or its conjugate (complex rows; `Xb` C-contiguous, its rows read whole by the compiled loop), compiled with numba, else with NumPy's gather."
+    if _mul_rows_compiled is None: Xb[:, :ncol] *= np.conj(_take(F, idx)) if conj else _take(F, idx)
+    else: _mul_rows_compiled(Xb, ncol, F, idx, conj)
+
+def _add_rows(acc, Xb, ncol, idx):
+    "`acc[idx[r]] += Xb[r, :ncol]` for every row r, compiled with numba, else with NumPy's unbuffered `add.at`."
+    if _add_rows_compiled is None: np.add.at(acc, idx, Xb[:, :ncol])
+    else: _add_rows_compiled(acc, Xb, ncol, idx)
 
 def _np_direct(A, Bm):
     "Row r: the direct sums $y_t = \\sum_{s \\le t} K_s u_{t-s}$ of `A[r]` and `Bm[r]` (finite), huge rows scaled by powers of 2 as in `_np_pass`."
@@ -353,13 +367,13 @@ def _np_correlate(G, A, ia, L, io, n_out, n, rows=None):
     out = np.empty((R, L), G.dtype) if io is None else None
     acc = np.zeros((n_out, n // 2 + 1), sg.X.dtype) if io is not None else None
     for s in range(0, R, rows):
-        Y = _take(FA, ia[s:s + rows]) if FA is not None else (sa.load(A, ia[s:s + rows]), sa.fwd(len(ia[s:s + rows])))[1]
-        sg.load(G, np.arange(s, min(s + rows, R)))
-        X = sg.fwd(len(Y))
-        X *= np.conj(Y)
+        r = min(rows, R - s)
+        sg.load(G, np.arange(s, s + r))
+        X = sg.fwd(r)
+        if FA is not None: _mul_rows(sg.Xb[:r], X.shape[1], FA, ia[s:s + r], conj=True)
+        else: X *= np.conj((sa.load(A, ia[s:s + r]), sa.fwd(r))[1])
         if io is None: out[s:s + rows] = sg.inv(X, L)
-        elif len(np.unique(io[s:s + rows])) == len(X): acc[io[s:s + rows]] += X
-        else: np.add.at(acc, io[s:s + rows], X)
+        else: _add_rows(acc, sg.Xb[:r], X.shape[1], io[s:s + r])
     if io is not None:
         out = np.empty((n_out, L), G.dtype)
         for s in range(0, n_out, rows): out[s:s + rows] = sg.inv(acc[s:s + rows], L)
