@@ -518,8 +518,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 def _sums_rows(vr, vi, iv, lr, li, il, g, ig, sk, isk, out, one, tiny, huge):
     """Row b of `out` (R, M, Z, 2): $\\sum_n v_{mn}/(g_j - \\lambda_n)$ with the numerators `vr + i vi` of row `iv[b]` (Rv, M, N),
     the poles `lr + i li` of row `il[b]` (Rl, N), the points of row `ig[b]` of `g` (Rg, Z, 2) and the pole `sk[isk[b], j]` left
-    out at point j (-1: none). Per point, the N reciprocals $\\bar d/|d|^2$ into a scratch, then the M sums over it: nothing of
-    size N x Z. Returns how many $|d|^2$ of the poles not left out fell outside [tiny, huge] (then `out` is not to be used)."""
+    out at point j (-1: none). Per point, the N reciprocals $\\bar d/|d|^2$ into a scratch, then the M sums over it, four at a time
+    (one load of the scratch for four rows of v): nothing of size N x Z. Returns how many $|d|^2$ of the poles not left out fell outside [tiny, huge] or were NaN (then `out` is not to be used)."""
     R, M, Z, N = out.shape[0], out.shape[1], out.shape[2], lr.shape[1]
     zero = one - one  # of the inputs' dtype: the sums stay in their precision
     wr, wi = np.empty(N, lr.dtype), np.empty(N, lr.dtype)
@@ -536,12 +536,19 @@ def _sums_rows(vr, vi, iv, lr, li, il, g, ig, sk, isk, out, one, tiny, huge):
                 if n == m0: x, y = zero, zero  # the pole left out at this point
                 elif not (d2 >= tiny and d2 <= huge): bad += 1  # 1/d2 over- or underflows
                 wr[n], wi[n] = x, y
-            for m in range(M):
-                sr, si = zero, zero
+            for m in range(0, M, 4):  # four sums per pass over the scratch (the last pass repeats its last row where M is no multiple of 4)
+                m1, m2, m3 = min(m + 1, M - 1), min(m + 2, M - 1), min(m + 3, M - 1)
+                r0 = i0 = r1 = i1 = r2 = i2 = r3 = i3 = zero
                 for n in range(N):
-                    sr += vr[a, m, n] * wr[n] - vi[a, m, n] * wi[n]
-                    si += vr[a, m, n] * wi[n] + vi[a, m, n] * wr[n]
-                out[b, m, j, 0], out[b, m, j, 1] = sr, si
+                    x, y = wr[n], wi[n]
+                    r0 += vr[a, m, n] * x - vi[a, m, n] * y; i0 += vr[a, m, n] * y + vi[a, m, n] * x
+                    r1 += vr[a, m1, n] * x - vi[a, m1, n] * y; i1 += vr[a, m1, n] * y + vi[a, m1, n] * x
+                    r2 += vr[a, m2, n] * x - vi[a, m2, n] * y; i2 += vr[a, m2, n] * y + vi[a, m2, n] * x
+                    r3 += vr[a, m3, n] * x - vi[a, m3, n] * y; i3 += vr[a, m3, n] * y + vi[a, m3, n] * x
+                out[b, m, j, 0], out[b, m, j, 1] = r0, i0
+                if m + 1 < M: out[b, m1, j, 0], out[b, m1, j, 1] = r1, i1
+                if m + 2 < M: out[b, m2, j, 0], out[b, m2, j, 1] = r2, i2
+                if m + 3 < M: out[b, m3, j, 0], out[b, m3, j, 1] = r3, i3
     return bad
 
 # numba's default error model raises on x / 0 (a test per division, no vector code); the sums may be reassociated (vectorized)
@@ -555,14 +562,14 @@ def _unrecorded(*xs):
     return not (torch.is_grad_enabled() and any(x.requires_grad for x in xs))
 
 def _cauchy_fast(v, g, lam, skip):
-    """`cauchy`'s sums by `_sums` (v, g, lam already in the working dtype), for complex CPU inputs of finite values in a call that
-    nothing records; None otherwise, or where a reciprocal would over- or underflow (then `_Cauchy` runs)."""
+    """`cauchy`'s sums by `_sums` (v, g, lam already in the working dtype), for complex CPU inputs in a call that nothing records;
+    None otherwise, or where an input is not finite or a reciprocal would over- or underflow (then `_Cauchy` runs)."""
     if _sums is None or v.dtype not in (torch.complex64, torch.complex128) or not _unrecorded(v, g, lam): return None
     if any(x.device.type != "cpu" for x in (v, g, lam)): return None
     M, N, Z = v.shape[-2], lam.shape[-1], g.shape[-1]
     batch = broadcast_shapes(v.shape[:-2], g.shape[:-1], lam.shape[:-1], *([] if skip is None else [skip.shape[:-1]]))
     R = math.prod(batch)
-    if R * M * N * Z == 0 or not all(bool(torch.isfinite(x).all()) for x in (v, g, lam)): return None
+    if R * M * N * Z == 0 or not bool(torch.isfinite(v).all()): return None  # a NaN or inf in g or lam makes a |d|^2 NaN or inf: counted
     def rows(x, k):  # x as (its rows, its last k dims), and the row of x that each of the R rows reads (broadcast rows are not copied)
         bx = x.shape[:x.ndim - k]
         return x.detach().resolve_conj().reshape(-1, *x.shape[x.ndim - k:]), np.broadcast_to(np.arange(math.prod(bx)).reshape(bx), batch).reshape(-1)
