@@ -158,7 +158,7 @@ _CPU_MIN_L, _CPU_MIN_SIZE = 1, 0  # the CPU path runs for rows at least this lon
 _ROWS = 8  # FFT rows per block of the CPU path at least: ducc0 vectorizes across them
 _SPAN = 2**18  # samples per block buffer at most (beyond _ROWS rows): fewer, larger blocks (2^12 to 2^18 measured: 2^18 fastest)
 _PAD = 16  # each buffer row is this many numbers longer than its transform: rows 2^k bytes apart would share cache sets
-_KEPT = 4  # workspaces of at most _SPAN samples kept per thread between calls (the most recent): fresh buffers cost a page fault per 4 KiB
+_KEPT = 6  # workspaces of at most _SPAN samples kept per thread between calls (the most recent): fresh buffers cost a page fault per 4 KiB
 
 def _block_rows(n):
     "FFT rows per block for transforms of length `n`."
@@ -210,11 +210,12 @@ def _workspace(role, n, m, dtype, rows):
     else: kept[key] = kept.pop(key)  # now the most recent
     return kept[key]
 
-def _spectra(A, n):
-    "Spectra of all rows of `A`, zero-padded to `n`: for an operand shared by many rows."
-    if ducc0 is None: return torch.fft.rfft(torch.from_numpy(A), n=n).numpy()
-    buf = np.zeros((len(A), n), A.dtype); buf[:, :A.shape[1]] = A
-    return ducc0.fft.r2c(buf, axes=(1,), nthreads=torch.get_num_threads())
+def _spectra(A, n, role):
+    "Spectra of all rows of `A`, zero-padded to `n`, for an operand shared by many rows: (rows, n//2+1) rows of a C-contiguous array, in `role`'s kept workspace when it fits."
+    w = _workspace(role, n, A.shape[1], A.dtype, len(A))
+    w.load(A, np.arange(len(A)))
+    w.fwd(len(A))
+    return w.Xb[:len(A)]
 
 def _np_first(A, ia, bad, hi, Bm, ib, hK, L):
     """Per row r: the first step t with $\\max_{s \\le t}|u_s| \\cdot \\max_{s \\le t}|K_s|/\\max|K| \\ge \\max|u|/$_GUARD, i.e. the
@@ -243,7 +244,7 @@ def _np_pass(A, ia, Bm, ib, L, rows=None, plain=False):
     hK = None if plain else np.maximum(Bm.max(-1), -Bm.min(-1))  # largest |K| per kernel row (finite here)
     eK = np.zeros(len(Bm), int) if plain else _np_exponents(hK, Bm.dtype)  # huge kernel rows: divided by a power of 2 here (exact), multiplied back below
     Bs = Bm * np.ldexp(1.0, -eK).astype(Bm.dtype)[:, None] if eK.any() else Bm  # what is transformed
-    FB = _spectra(Bs, n) if len(Bs) < R else None  # a kernel broadcast over rows: transform each of its rows once
+    FB = _spectra(Bs, n, "FK") if len(Bs) < R else None  # a kernel broadcast over rows: transform each of its rows once
     sa = _workspace("u", n, L, A.dtype, rows)
     sb = _workspace("K", n, Bs.shape[-1], Bs.dtype, rows) if FB is None else None
     out, his, bad = np.empty((R, L), A.dtype), np.empty(R, A.dtype), np.full(R, L)
@@ -309,7 +310,7 @@ _mul_rows_compiled, _add_rows_compiled = (numba.njit(cache=True, nogil=True)(f) 
 
 def _mul_rows(Xb, ncol, F, idx, conj=False):
     "`Xb[:, :ncol] *= F[idx]` or its conjugate (complex rows; `Xb` C-contiguous, its rows read whole by the compiled loop), compiled with numba, else with NumPy's gather."
-    if _mul_rows_compiled is None: Xb[:, :ncol] *= np.conj(_take(F, idx)) if conj else _take(F, idx)
+    if _mul_rows_compiled is None: Xb[:, :ncol] *= np.conj(_take(F, idx)[:, :ncol]) if conj else _take(F, idx)[:, :ncol]
     else: _mul_rows_compiled(Xb, ncol, F, idx, conj)
 
 def _add_rows(acc, Xb, ncol, idx):
@@ -362,7 +363,7 @@ def _np_causal(A, ia, Bm, ib, L, rows=None):
 def _np_correlate(G, A, ia, L, io, n_out, n, rows=None):
     "Row j: the sum over rows r with io[r] = j (row r itself if `io` is None) of $\\sum_t G_{r,t} A_{ia[r], t-l}$, l < L."
     R, rows = len(G), rows or _block_rows(n)
-    FA = _spectra(A, n) if len(A) < R else None
+    FA = _spectra(A, n, "FA") if len(A) < R else None
     sg, sa = _workspace("g", n, G.shape[1], G.dtype, rows), (_workspace("a", n, A.shape[1], A.dtype, rows) if FA is None else None)
     out = np.empty((R, L), G.dtype) if io is None else None
     acc = np.zeros((n_out, n // 2 + 1), sg.X.dtype) if io is not None else None
