@@ -27,7 +27,7 @@ def loop(v, g, lam, skip):
 def calls(monkeypatch):
     "The row counts the compiled sums were called with (the fast path taken: a non-empty list)."
     seen, real = [], engine._sums
-    monkeypatch.setattr(engine, "_sums", lambda *a: seen.append(len(a[2])) or real(*a))
+    if real is not None: monkeypatch.setattr(engine, "_sums", lambda *a: seen.append(len(a[2])) or real(*a))
     return seen
 
 
@@ -151,6 +151,7 @@ def counted(monkeypatch):
     seen = {"powers": 0, "cramer": 0}
     for name in seen:
         real = getattr(engine, "_" + name)
+        if real is None: continue  # switched off: nothing to count
         def wrap(*a, name=name, real=real):
             seen[name] += 1
             return real(*a)
