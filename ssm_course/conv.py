@@ -297,6 +297,8 @@ def cauchy(
     return (_Cauchy.apply(v, g, lam, skip, chunk) if y is None else y).to(out)
 
 # %% ../nbs/engine/conv.ipynb #2150dc62
+from ._engine.conv import _kernel_diag_fast
+
 @full_precision
 def ssm_kernel_diag(
     dA:Tensor, # discrete eigenvalues $\bar\lambda_n$, (..., N), real or complex; with `log=True`, their logarithms $\log\bar\lambda_n$
@@ -330,4 +332,5 @@ def ssm_kernel_diag(
     if resolve_backend(backend, dB, has_triton=backend == "triton" or work in (torch.float32, torch.complex64), name="ssm_kernel_diag") == "triton":
         from ssm_course.triton_ssm import ssm_kernel_diag_triton  # lesson 11a
         return ssm_kernel_diag_triton(dA, dB, C, L, log=log).to(out)
-    return ssm_kernel_diag_ref(dA, dB, C, L, block, log=log).to(out)  # lesson 06
+    K = _kernel_diag_fast(dA, dB, C, L, block, log)  # single precision on the CPU, nothing recorded: float64 products, compiled
+    return (K if K is not None else ssm_kernel_diag_ref(dA, dB, C, L, block, log=log)).to(out)  # lesson 06
