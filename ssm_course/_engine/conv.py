@@ -211,7 +211,7 @@ def _workspace(role, n, m, dtype, rows):
     return kept[key]
 
 def _spectra(A, n, role):
-    "Spectra of all rows of `A`, zero-padded to `n`, for an operand shared by many rows: (rows, n//2+1) rows of a C-contiguous array, in `role`'s kept workspace when it fits."
+    "Spectra of all rows of `A`, zero-padded to `n`, for an operand shared by many rows: the first n//2+1 columns of the returned C-contiguous rows, in `role`'s kept workspace when it fits."
     w = _workspace(role, n, A.shape[1], A.dtype, len(A))
     w.load(A, np.arange(len(A)))
     w.fwd(len(A))
