@@ -154,15 +154,15 @@ except ImportError: ducc0 = None  # then the CPU path transforms with torch.fft;
 
 import threading
 
-_CPU_MIN_L, _CPU_MIN_SIZE = 1, 0  # the CPU path runs for rows at least this long and batches at least this big: every real input (measured: section 2)
+_CPU_MIN_L, _CPU_MIN_SIZE = 2, 0  # the CPU path runs for rows at least this long and batches at least this big: every real input but L = 1 (measured: section 2)
 _ROWS = 8  # FFT rows per block of the CPU path at least: ducc0 vectorizes across them
 _SPAN = 2**18  # samples per block buffer at most (beyond _ROWS rows): fewer, larger blocks (2^12 to 2^18 measured: 2^18 fastest)
 _PAD = 16  # each buffer row is this many numbers longer than its transform: rows 2^k bytes apart would share cache sets
 _KEPT = 6  # workspaces of at most _SPAN samples kept per thread between calls (the most recent): fresh buffers cost a page fault per 4 KiB
 
 def _block_rows(n):
-    "FFT rows per block for transforms of length `n`."
-    return max(_ROWS, _SPAN // n)
+    "FFT rows per block for transforms of length `n` (rows padded by `_PAD`): at most `_SPAN` samples a buffer, at least `_ROWS` rows."
+    return max(_ROWS, _SPAN // (n + _PAD))
 
 def _take(A, idx):
     "`A[idx]` for a 1-d index array: a view when `idx` is a run of consecutive rows, else a copy."
@@ -201,7 +201,7 @@ _kept = threading.local()
 
 def _workspace(role, n, m, dtype, rows):
     "A `_Spectra(n, m, dtype, rows)` for `role` (one per operand of a pass), kept from this thread's earlier calls when it fits in `_SPAN` samples."
-    if rows * n > _SPAN: return _Spectra(n, m, dtype, rows)  # long rows (n > 2^15): not kept, the transforms dwarf the page faults
+    if rows * (n + _PAD) > _SPAN: return _Spectra(n, m, dtype, rows)  # long rows (n > 2^15) or many rows of a shared operand: not kept
     kept = _kept.__dict__.setdefault("spectra", {})
     key = (role, n, m, np.dtype(dtype).str, rows)
     if key not in kept:
