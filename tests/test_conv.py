@@ -1179,3 +1179,23 @@ def test_lean_pass_equals_general_pass(fft, monkeypatch):
     ref = np_conv(u, K)
     assert (lean.double() - ref).abs().max() < 3e-7 * ref.abs().max() and (general.double() - ref).abs().max() < 3e-7 * ref.abs().max()
     assert (lean - general).abs().max() < 1e-6 * ref.abs().max()
+
+
+def test_cpu_backward_transforms_g_once(monkeypatch):
+    """The CPU path's backward computes the spectrum of each block of g once for both gradients (was once per gradient): with a kernel
+    broadcast over the batch and one block, three forward transforms (g, u, the kernel's rows), not four; both gradients against
+    the float64 direct sums."""
+    monkeypatch.setattr(engine, "_CPU_MIN_L", 1)
+    g = torch.Generator().manual_seed(14)
+    u = torch.randn(4, 3, 100, generator=g, dtype=torch.float64, requires_grad=True)
+    K = torch.randn(3, 100, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 3, 100, generator=g, dtype=torch.float64)
+    y = causal_conv(u, K)
+    calls, fwd = [], engine._Spectra.fwd
+    monkeypatch.setattr(engine._Spectra, "fwd", lambda self, r: (calls.append(r), fwd(self, r))[1])
+    (y * w).sum().backward()
+    assert len(calls) == 3, calls
+    gu = np.stack([[np.correlate(w[b, h].numpy(), K[h].detach().numpy(), "full")[99:] for h in range(3)] for b in range(4)])
+    gK = sum(np.stack([np.correlate(w[b, h].numpy(), u[b, h].detach().numpy(), "full")[99:] for h in range(3)]) for b in range(4))
+    torch.testing.assert_close(u.grad, torch.from_numpy(gu), rtol=0, atol=1e-11)
+    torch.testing.assert_close(K.grad, torch.from_numpy(gK), rtol=0, atol=1e-11)

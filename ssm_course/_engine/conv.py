@@ -158,7 +158,7 @@ _CPU_MIN_L, _CPU_MIN_SIZE = 2, 0  # the CPU path runs for rows at least this lon
 _ROWS = 8  # FFT rows per block of the CPU path at least: ducc0 vectorizes across them
 _SPAN = 2**18  # samples per block buffer at most (beyond _ROWS rows): fewer, larger blocks (2^12 to 2^18 measured: 2^18 fastest)
 _PAD = 16  # each buffer row is this many numbers longer than its transform: rows 2^k bytes apart would share cache sets
-_KEPT = 6  # workspaces of at most _SPAN samples kept per thread between calls (the most recent): fresh buffers cost a page fault per 4 KiB
+_KEPT = 8  # workspaces of at most _SPAN samples kept per thread between calls (the most recent): fresh buffers cost a page fault per 4 KiB
 
 def _block_rows(n):
     "FFT rows per block for transforms of length `n` (rows padded by `_PAD`): at most `_SPAN` samples a buffer, at least `_ROWS` rows."
@@ -360,25 +360,37 @@ def _np_causal(A, ia, Bm, ib, L, rows=None):
     for r in np.nonzero(bad < L)[0]: out[r, bad[r]:] = np.nan
     return out
 
-def _np_correlate(G, A, ia, L, io, n_out, n, rows=None):
-    "Row j: the sum over rows r with io[r] = j (row r itself if `io` is None) of $\\sum_t G_{r,t} A_{ia[r], t-l}$, l < L."
+def _np_correlate(G, ops, n, rows=None):
+    """For each `(A, ia, L, io, n_out)` of `ops`, the rows $j$ of one result: the sum over rows r with io[r] = j (row r itself if
+    `io` is None) of $\\sum_t G_{r,t} A_{ia[r], t-l}$, l < L. The spectrum of each block of `G` is computed once for all of them."""
     R, rows = len(G), rows or _block_rows(n)
-    FA = _spectra(A, n, "FA") if len(A) < R else None
-    sg, sa = _workspace("g", n, G.shape[1], G.dtype, rows), (_workspace("a", n, A.shape[1], A.dtype, rows) if FA is None else None)
-    out = np.empty((R, L), G.dtype) if io is None else None
-    acc = np.zeros((n_out, n // 2 + 1), sg.X.dtype) if io is not None else None
+    sg = _workspace("g", n, G.shape[1], G.dtype, rows)
+    sc = _workspace("g copy", n, G.shape[1], G.dtype, rows) if len(ops) > 1 else None  # the spectrum again, for all but the last
+    plans = []
+    for k, (A, ia, L, io, n_out) in enumerate(ops):
+        FA = _spectra(A, n, f"FA{k}") if len(A) < R else None  # an operand shared by many rows: its spectra once
+        sa = _workspace(f"a{k}", n, A.shape[1], A.dtype, rows) if FA is None else None
+        out = np.empty((R, L), G.dtype) if io is None else np.zeros((n_out, n // 2 + 1), sg.X.dtype)  # the rows, or their spectra summed
+        plans.append((A, ia, L, io, FA, sa, out))
     for s in range(0, R, rows):
         r = min(rows, R - s)
         sg.load(G, np.arange(s, s + r))
-        X = sg.fwd(r)
-        if FA is not None: _mul_rows(sg.Xb[:r], X.shape[1], FA, ia[s:s + r], conj=True)
-        else: X *= np.conj((sa.load(A, ia[s:s + r]), sa.fwd(r))[1])
-        if io is None: out[s:s + rows] = sg.inv(X, L)
-        else: _add_rows(acc, sg.Xb[:r], X.shape[1], io[s:s + r])
-    if io is not None:
-        out = np.empty((n_out, L), G.dtype)
-        for s in range(0, n_out, rows): out[s:s + rows] = sg.inv(acc[s:s + rows], L)
-    return out
+        sg.fwd(r)
+        for k, (A, ia, L, io, FA, sa, out) in enumerate(plans):
+            w = sg if k == len(plans) - 1 else sc  # the last one works on the spectrum itself
+            if w is sc: sc.Xb[:r] = sg.Xb[:r]
+            ncol = n // 2 + 1
+            if FA is not None: _mul_rows(w.Xb[:r], ncol, FA, ia[s:s + r], conj=True)
+            else: sa.load(A, ia[s:s + r]); sa.fwd(r); _mul_rows(w.Xb[:r], ncol, sa.Xb[:r], np.arange(r), conj=True)
+            if io is None: out[s:s + r] = w.inv(w.X[:r], L)
+            else: _add_rows(out, w.Xb[:r], ncol, io[s:s + r])
+    res = []
+    for A, ia, L, io, FA, sa, out in plans:
+        if io is not None:  # one inverse transform per summed row
+            acc, out = out, np.empty((len(out), L), G.dtype)
+            for s in range(0, len(acc), rows): out[s:s + rows] = sg.inv(acc[s:s + rows], L)
+        res.append(out)
+    return res
 
 def _row_index(batch, shape):
     "For each row of the broadcast `batch`, flattened, the row of a tensor of batch shape `shape` that it reads."
@@ -390,17 +402,15 @@ def _rows_np(x):
 
 def _np_grads(g, u, K, need_u, need_K):
     """The CPU path's backward, the two correlations $\\partial/\\partial u_s = \\sum_t g_t K_{t-s}$ and $\\partial/\\partial K_l = \\sum_t g_t u_{t-l}$
-    with the conjugate spectrum, summed over the rows that broadcast; an empty tensor for a gradient not needed."""
+    with the conjugate spectrum, summed over the rows that broadcast, in one pass over g; an empty tensor for a gradient not needed."""
     batch, L, LK = g.shape[:-1], u.shape[-1], K.shape[-1]
     iu, iK = _row_index(batch, u.shape[:-1]), _row_index(batch, K.shape[:-1])
     n, G = _next_fast_len(L + LK - 1), _rows_np(g.contiguous())
-    gu = gK = g.new_empty(0)
-    if need_u:
-        Ru = math.prod(u.shape[:-1])
-        gu = torch.from_numpy(_np_correlate(G, _rows_np(K), iK, L, iu if Ru < len(G) else None, Ru, n)).reshape(u.shape)
-    if need_K:
-        RK = math.prod(K.shape[:-1])
-        gK = torch.from_numpy(_np_correlate(G, _rows_np(u), iu, LK, iK if RK < len(G) else None, RK, n)).reshape(K.shape)
+    Ru, RK = math.prod(u.shape[:-1]), math.prod(K.shape[:-1])
+    ops = ([(_rows_np(K), iK, L, iu if Ru < len(G) else None, Ru)] if need_u else []) + ([(_rows_np(u), iu, LK, iK if RK < len(G) else None, RK)] if need_K else [])
+    res = _np_correlate(G, ops, n) if ops else []
+    gu = torch.from_numpy(res.pop(0)).reshape(u.shape) if need_u else g.new_empty(0)
+    gK = torch.from_numpy(res.pop(0)).reshape(K.shape) if need_K else g.new_empty(0)
     return gu, gK
 
 # %% ../../nbs/engine/conv.ipynb #f0f9b44d
