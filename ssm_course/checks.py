@@ -117,6 +117,15 @@ def values_hidden(
     if torch.compiler.is_compiling() or torch.jit.is_tracing(): return True
     return isinstance(x, Tensor) and (x.device.type == "meta" or _vmapped(x))
 
+import torch.autograd.forward_ad as _fwAD
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+def _unrecorded(*xs:Tensor)->bool:
+    "Whether nothing records a call on the tensors `xs`: no gradient needed, no `torch.func` transform, forward-mode AD level, tracing, compiling or dispatch mode. Then an op may skip its autograd Function and run a fast path directly."
+    if torch._C._are_functorch_transforms_active() or _fwAD._current_level >= 0 or torch.jit.is_tracing() or torch.compiler.is_compiling(): return False
+    if _get_current_dispatch_mode() is not None: return False
+    return not (torch.is_grad_enabled() and any(x.requires_grad for x in xs))
+
 def check_positive(
     x, # a real number or real tensor
     name:str, # the argument's name

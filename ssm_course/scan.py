@@ -104,9 +104,8 @@ def scan_backward_ref(
     return g * h_prev.conj(), g, None if h0 is None else a[..., 0].conj() * g[..., 0]
 
 # %% ../nbs/engine/scan.ipynb #064f0070
-import torch.autograd.forward_ad as _fwAD
 from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead
-from .checks import broadcast_shapes, resolve_backend
+from .checks import broadcast_shapes, resolve_backend, _unrecorded
 from ._engine.scan import _scan_loop, _scan_cpu, _scan_lti, _lti_ok, _scan_traced, _empty
 from ._engine.scan import _loop  # the switch: the compiled loop, or None (without numba; or set to None to run PyTorch's path)
 
@@ -186,11 +185,6 @@ def _scan_forward(a, b, h0, shape=None):
     shape, dtype = broadcast_shapes(a.shape, b.shape) if shape is None else shape, _dtype(a, b, h0)
     return _scan_fast(a, b, h0, shape, torch.promote_types(dtype, torch.float32)).to(dtype)
 
-def _plain_call(a, b, h0):
-    "Whether nothing needs to see the call: no input records gradients, no `torch.func` transform or forward-mode AD level is active, no tracing or compiling. Then `scan` runs its forward directly, without the Function's per-call cost."
-    if torch._C._are_functorch_transforms_active() or _fwAD._current_level >= 0 or torch.jit.is_tracing() or torch.compiler.is_compiling(): return False
-    return not torch.is_grad_enabled() or not (a.requires_grad or b.requires_grad or (h0 is not None and h0.requires_grad))
-
 class _Scan(torch.autograd.Function):
     "The scan with its reverse-scan backward and its vmap rule; half precision is computed in float32 and rounded once; autocast is off inside."
     @staticmethod
@@ -230,6 +224,6 @@ def scan(
     if resolve_backend(backend, b, has_triton=True, name="scan") == "triton":
         from ssm_course.triton_scan import scan_triton  # notebook 10; imported only when asked for
         h = scan_triton(a, b, h0)
-    elif _plain_call(a, b, h0): h = _scan_forward(*_unwrap_dead((a, b, h0)), shape)  # what the Function's forward returns, as Function.apply unwraps its inputs
+    elif _unrecorded(a, b, *([] if h0 is None else [h0])): h = _scan_forward(*_unwrap_dead((a, b, h0)), shape)  # what the Function's forward returns, as Function.apply unwraps its inputs
     else: h = _scan_function().apply(a, b, h0)
     return (h, h[..., -1]) if return_last else h

@@ -247,7 +247,7 @@ def _np_pass(A, ia, Bm, ib, L, rows=None, plain=False):
     FB = _spectra(Bs, n, "FK") if len(Bs) < R else None  # a kernel broadcast over rows: transform each of its rows once
     sa = _workspace("u", n, L, A.dtype, rows)
     sb = _workspace("K", n, Bs.shape[-1], Bs.dtype, rows) if FB is None else None
-    out, his, bad = np.empty((R, L), A.dtype), np.empty(R, A.dtype), np.full(R, L)
+    out, his, bad = np.empty((R, L), A.dtype), *((None, None) if plain else (np.empty(R, A.dtype), np.full(R, L)))
     for s in range(0, R, rows):
         ua, kb = sa.load(A, ia[s:s + rows]), ib[s:s + rows]  # (r, L) view of the padded buffer: masked and scaled in place
         eu = None if plain else _np_mask_scale(ua, bad[s:s + rows], his[s:s + rows])
@@ -522,9 +522,8 @@ class _Cauchy(torch.autograd.Function):
         return (fit(gv, v) if need_v else None), (fit(torch.cat(gg, -1), g) if need_g else None), (fit(glam, lam) if need_lam else None), None, None
 
 # %% ../../nbs/engine/conv.ipynb #c5a1f002
-import torch.autograd.forward_ad as _fwAD
 from concurrent.futures import ThreadPoolExecutor
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from ..checks import _unrecorded  # nothing records the call: the compiled paths below may run
 
 def _sums_rows(vr, vi, iv, lr, li, il, g, ig, sk, isk, out, one, tiny, huge):
     """Row b of `out` (R, M, Z, 2): $\\sum_n v_{mn}/(g_j - \\lambda_n)$ with the numerators `vr + i vi` of row `iv[b]` (Rv, M, N),
@@ -566,12 +565,6 @@ def _sums_rows(vr, vi, iv, lr, li, il, g, ig, sk, isk, out, one, tiny, huge):
 _sums = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})(_sums_rows) if numba is not None else None
 _FAST_MIN = 1 << 20  # batch x M x N x points from which the rows are split over PyTorch's threads
 
-def _unrecorded(*xs):
-    "Whether nothing records a call on the tensors `xs`: no gradient needed, no `torch.func` transform, forward-mode AD level, tracing, compiling or dispatch mode."
-    if torch._C._are_functorch_transforms_active() or _fwAD._current_level >= 0 or torch.jit.is_tracing() or torch.compiler.is_compiling(): return False
-    if _get_current_dispatch_mode() is not None: return False
-    return not (torch.is_grad_enabled() and any(x.requires_grad for x in xs))
-
 def _cauchy_fast(v, g, lam, skip):
     """`cauchy`'s sums by `_sums` (v, g, lam already in the working dtype), for complex CPU inputs in a call that nothing records;
     None otherwise, or where an input is not finite or a reciprocal would over- or underflow (then `_Cauchy` runs)."""
@@ -582,8 +575,7 @@ def _cauchy_fast(v, g, lam, skip):
     R = math.prod(batch)
     if R * M * N * Z == 0 or not bool(torch.isfinite(v).all()): return None  # a NaN or inf in g or lam makes a |d|^2 NaN or inf: counted
     def rows(x, k):  # x as (its rows, its last k dims), and the row of x that each of the R rows reads (broadcast rows are not copied)
-        bx = x.shape[:x.ndim - k]
-        return x.detach().resolve_conj().reshape(-1, *x.shape[x.ndim - k:]), np.broadcast_to(np.arange(math.prod(bx)).reshape(bx), batch).reshape(-1)
+        return x.detach().resolve_conj().reshape(-1, *x.shape[x.ndim - k:]), _row_index(batch, x.shape[:x.ndim - k])
     (v2, iv), (l2, il), (g2, ig) = rows(v, 2), rows(lam, 1), rows(g, 1)
     vr, vi, lr, li = (x.contiguous().numpy() for x in (v2.real, v2.imag, l2.real, l2.imag))
     G = torch.view_as_real(g2.contiguous()).numpy()
@@ -691,7 +683,7 @@ def _times_power(w, M, q):
     batch, N = broadcast_shapes(w.shape[:-1], M.shape[:-2]), w.shape[-1]
     W = w.detach().resolve_conj().expand(*batch, N).reshape(-1, N).clone()  # written in place
     Ms = M.detach().resolve_conj().reshape(-1, N, N).contiguous()
-    _powers(W.numpy(), np.broadcast_to(np.arange(len(Ms)).reshape(M.shape[:-2]), batch).reshape(-1), Ms.numpy(), q)
+    _powers(W.numpy(), _row_index(batch, M.shape[:-2]), Ms.numpy(), q)
     return W.view(*batch, N)
 
 # %% ../../nbs/engine/conv.ipynb #c7a1d3e9
@@ -792,7 +784,7 @@ def _kernel_diag_fast(dA, dB, C, L, block, log):
     a = dA.detach().resolve_conj().to(torch.complex128 if dA.is_complex() else torch.float64)
     if log: a = torch.where(a.real == -math.inf, 0, torch.exp(a))  # log dA = -inf: a state at 0
     a, w = a.reshape(-1, N), w.detach().resolve_conj().expand(*batch, N).reshape(-1, N).to(torch.complex128 if cx else torch.float64)
-    ia = np.broadcast_to(np.arange(a.shape[0]).reshape(abatch), batch).reshape(-1)
+    ia = _row_index(batch, abatch)
     part = lambda x: (x.real.contiguous().numpy(), x.imag.contiguous().numpy()) if x.is_complex() else (x.numpy(), np.zeros_like(x.numpy()))
     inner = torch.empty(a.shape[0], N, T, dtype=torch.complex64 if cx else torch.float32)
     outer = torch.empty(w.shape[0], nb, N, dtype=inner.dtype)
