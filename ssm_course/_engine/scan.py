@@ -60,9 +60,16 @@ def _empty(shape, dtype, device):
 def _prefetch_hint(x, i):
     "Without numba: nothing (the compiled loop replaces this with a cache prefetch)."
 
+def _tile(a, b, out, pa, pb, po, h, t):
+    "Eight rows, steps t to t + 7: row j reads `a` and `b` and writes `out` from the element offsets pa[j], pb[j], po[j] (C-contiguous arrays) and carries its state in h[j]; eight independent chains, step after step. Compiled for real dtypes: `_tile_vectors`, the same arithmetic as vectors."
+    af, bf, of = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+    for s in range(t, t + 8):
+        for j in range(8):
+            h[j] = af[pa[j] + s] * h[j] + bf[pb[j] + s]; of[po[j] + s] = h[j]
+
 if numba is not None:
     from numba.core import cgutils
-    from numba.extending import intrinsic
+    from numba.extending import intrinsic, overload
     from llvmlite import ir
 
     @intrinsic
@@ -78,28 +85,69 @@ if numba is not None:
             return context.get_dummy_value()
         return numba.types.void(x, i), codegen
 
+    def _transpose(builder, v):
+        "The 8 x 8 matrix whose rows are the vectors `v`, transposed: three rounds of two-vector shuffles, each swapping the off-diagonal blocks of size s = 4, 2, 1 (bit s of the row index with bit s of the column index)."
+        v, n, s = list(v), len(v), len(v) // 2
+        mask = lambda m: ir.Constant(ir.VectorType(ir.IntType(32), n), m)  # lane c: element c of the first vector, or n + c of the second
+        while s >= 1:
+            w = list(v)
+            for i in [i for i in range(n) if not i & s]:
+                w[i] = builder.shuffle_vector(v[i], v[i + s], mask([c if not c & s else n + c - s for c in range(n)]))
+                w[i + s] = builder.shuffle_vector(v[i], v[i + s], mask([c + s if not c & s else n + c for c in range(n)]))
+            v, s = w, s // 2
+        return v
+
+    @intrinsic
+    def _tile_vectors(typingctx, a, b, out, pa, pb, po, h, t):
+        "Compiled `_tile` for real dtypes: the eight rows' pieces of `a` and `b` loaded as vectors of 8 steps and transposed, so that vector k holds step t + k of the eight rows; eight vector steps $h \\leftarrow a_k h + b_k$, each lane the scalar loop's multiply then add (two roundings, as the reference); the eight states transposed back and stored."
+        arrays = (a, b, out, h)
+        if not all(isinstance(x, numba.types.Array) and x.layout == "C" and x.dtype == out.dtype for x in arrays) or not isinstance(out.dtype, numba.types.Float): return None
+        def codegen(context, builder, sig, args):
+            ety, i64 = context.get_value_type(sig.args[2].dtype), ir.IntType(64)
+            size, vty = context.get_abi_sizeof(ety), ir.VectorType(context.get_value_type(sig.args[2].dtype), 8)
+            A, B, O, PA, PB, PO, H = (context.make_array(ty)(context, builder, x) for ty, x in zip(sig.args[:7], args[:7]))
+            def rows(X, P):  # the eight rows' pointers at step t, as pointers to vectors
+                return [builder.bitcast(builder.gep(X.data, [builder.add(builder.load(builder.gep(P.data, [i64(j)])), args[7])]), vty.as_pointer()) for j in range(8)]
+            av = _transpose(builder, [builder.load(p, align=size) for p in rows(A, PA)])
+            bv = _transpose(builder, [builder.load(p, align=size) for p in rows(B, PB)])
+            hp = builder.bitcast(H.data, vty.as_pointer())
+            hv, hs = builder.load(hp, align=size), []
+            for k in range(8):
+                hv = builder.fadd(builder.fmul(av[k], hv), bv[k]); hs.append(hv)
+            builder.store(hv, hp, align=size)
+            for p, v in zip(rows(O, PO), _transpose(builder, hs)): builder.store(v, p, align=size)
+            return context.get_dummy_value()
+        return numba.types.void(a, b, out, pa, pb, po, h, t), codegen
+
+    @overload(_tile, inline="always")
+    def _tile_compiled(a, b, out, pa, pb, po, h, t):
+        "In compiled code: `_tile_vectors` for real dtypes; for complex ones `_tile` itself, which `_loop_rows` does not call (four rows at a time are faster than eight chains through memory)."
+        if isinstance(out.dtype, numba.types.Float): return lambda a, b, out, pa, pb, po, h, t: _tile_vectors(a, b, out, pa, pb, po, h, t)
+        return _tile
+
 def _loop_rows(a, ia, b, ib, h0, out, reverse):
-    "Row r of `out` (R, L): $h_t = a_t h_{t-1} + b_t$ from h0[r], on row ia[r] of `a` and row ib[r] of `b` (C-contiguous; time axis of length L, or 1 for a constant); four rows at a time."
+    "Row r of `out` (R, L): $h_t = a_t h_{t-1} + b_t$ from h0[r], on row ia[r] of `a` and row ib[r] of `b` (C-contiguous; time axis of length L, or 1 for a constant); eight rows at a time as vectors in the common case, else four rows at a time."
     R, L = out.shape
     sa, sb = (1 if a.shape[1] > 1 else 0), (1 if b.shape[1] > 1 else 0)  # a time-invariant row is read at t = 0
-    plain = sa == 1 and sb == 1 and not reverse  # the common case: its own loop, with unit steps and the next rows fetched ahead
-    for r in range(0, R, 4):
+    r = 0
+    if sa == 1 and sb == 1 and not reverse and L >= 8 and np.isrealobj(out):  # the common case (real, a and b varying in time, forward): 8 x 8 tiles
+        pa, pb, po, h = np.empty(8, np.int64), np.empty(8, np.int64), np.empty(8, np.int64), np.empty(8, out.dtype)
+        Lt = L - L % 8
+        while r + 8 <= R:
+            for j in range(8): pa[j], pb[j], po[j], h[j] = ia[r + j] * L, ib[r + j] * L, (r + j) * L, h0[r + j]
+            for t in range(0, Lt, 8):
+                for j in range(8):  # the same rows 32 steps ahead, into the cache before their turn (the CPU's prefetcher follows few streams)
+                    _prefetch_hint(a, pa[j] + t + 32); _prefetch_hint(b, pb[j] + t + 32)
+                _tile(a, b, out, pa, pb, po, h, t)
+            for j in range(8):  # the last L % 8 steps, row by row
+                hj = h[j]
+                for t in range(Lt, L): hj = a[ia[r + j], t] * hj + b[ib[r + j], t]; out[r + j, t] = hj
+            r += 8
+    for r in range(r, R, 4):  # the rest: four rows side by side, four independent chains
         r0, r1, r2, r3 = r, min(r + 1, R - 1), min(r + 2, R - 1), min(r + 3, R - 1)  # past the last row: repeat it (same values)
         a0, a1, a2, a3, b0, b1, b2, b3 = a[ia[r0]], a[ia[r1]], a[ia[r2]], a[ia[r3]], b[ib[r0]], b[ib[r1]], b[ib[r2]], b[ib[r3]]  # row views
         o0, o1, o2, o3 = out[r0], out[r1], out[r2], out[r3]
-        h_0, h_1, h_2, h_3 = h0[r0], h0[r1], h0[r2], h0[r3]  # four independent chains: each step waits only on its own row
-        if plain:
-            n0, n1, n2, n3 = ia[min(r + 4, R - 1)] * L, ia[min(r + 5, R - 1)] * L, ia[min(r + 6, R - 1)] * L, ia[min(r + 7, R - 1)] * L  # the next four rows
-            m0, m1, m2, m3 = ib[min(r + 4, R - 1)] * L, ib[min(r + 5, R - 1)] * L, ib[min(r + 6, R - 1)] * L, ib[min(r + 7, R - 1)] * L
-            for t in range(L):
-                if t % 16 == 0:  # once per 64-byte line of float32: the same steps of the next four rows, into the cache before their turn
-                    _prefetch_hint(a, n0 + t); _prefetch_hint(a, n1 + t); _prefetch_hint(a, n2 + t); _prefetch_hint(a, n3 + t)
-                    _prefetch_hint(b, m0 + t); _prefetch_hint(b, m1 + t); _prefetch_hint(b, m2 + t); _prefetch_hint(b, m3 + t)
-                h_0 = a0[t] * h_0 + b0[t]; o0[t] = h_0
-                h_1 = a1[t] * h_1 + b1[t]; o1[t] = h_1
-                h_2 = a2[t] * h_2 + b2[t]; o2[t] = h_2
-                h_3 = a3[t] * h_3 + b3[t]; o3[t] = h_3
-            continue
+        h_0, h_1, h_2, h_3 = h0[r0], h0[r1], h0[r2], h0[r3]
         for s in range(L):
             t = L - 1 - s if reverse else s
             h_0 = a0[t * sa] * h_0 + b0[t * sb]; o0[t] = h_0
