@@ -1199,3 +1199,70 @@ def test_cpu_backward_transforms_g_once(monkeypatch):
     gK = sum(np.stack([np.correlate(w[b, h].numpy(), u[b, h].detach().numpy(), "full")[99:] for h in range(3)]) for b in range(4))
     torch.testing.assert_close(u.grad, torch.from_numpy(gu), rtol=0, atol=1e-11)
     torch.testing.assert_close(K.grad, torch.from_numpy(gK), rtol=0, atol=1e-11)
+
+
+# ---------------------------------------------------------------- ordinary data, a kernel shared by many rows: ducc0's convolve_axis
+
+SHARED = [((7, 3, 600), (3, 600), False), ((8, 3, 600), (3, 600), True),  # rows per kernel row: 7, 8 (n = 1200)
+          ((2, 36, 3, 33), (3, 20), False), ((2, 40, 3, 33), (3, 20), True),  # 72 or 80 rows of n = 54: 3888 or 4320 samples a call
+          ((45, 45), (45,), False), ((48, 45), (45,), True), ((3, 8, 2, 40), (8, 1, 40), False), ((44, 8, 2, 24), (8, 1, 24), True)]
+
+
+def count_shared(monkeypatch):
+    "Record the number of rows of each call of `_np_shared` (the fused pass)."
+    calls, shared = [], engine._np_shared
+    monkeypatch.setattr(engine, "_np_shared", lambda A, ia, *a, **k: (calls.append(len(ia)), shared(A, ia, *a, **k))[1])
+    return calls
+
+
+@pytest.mark.parametrize("ushape,kshape,fused", SHARED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_shared_kernel_pass_on_both_sides_of_its_threshold(ushape, kshape, fused, dtype, monkeypatch):
+    """Ordinary data whose kernel rows are each shared by `_SHARED` (8) rows or more on average, whose transforms fill
+    `_SHARED_SPAN` (4096) samples or more, takes ducc0's fused convolution (`_np_shared`), else the blocked pass; both
+    equal np.convolve in float64 to the dtype's rounding."""
+    assert (engine._SHARED, engine._SHARED_SPAN) == (8, 4096)  # the thresholds these shapes straddle
+    use_fft("ducc0", monkeypatch)
+    calls = count_shared(monkeypatch)
+    g = torch.Generator().manual_seed(15)
+    u, K = torch.randn(ushape, generator=g, dtype=dtype), torch.randn(kshape, generator=g, dtype=dtype)
+    pad = K.new_zeros(*K.shape[:-1], u.shape[-1] - K.shape[-1])  # a kernel shorter than u: zero taps for the reference
+    y, ref = causal_conv(u, K), np_conv(u, torch.cat([K, pad], -1))
+    assert bool(calls) == fused, (calls, engine._SHARED)
+    eps = 1e-6 if dtype == torch.float32 else 1e-14
+    assert y.dtype == dtype and (y.double() - ref).abs().max() < eps * ref.abs().max()
+
+
+def test_shared_kernel_pass_blocks_and_copies(monkeypatch):
+    """`_np_shared` with blocks that cut a kernel row's rows apart (rows = 5, 7), and without numba (NumPy's fancy indexing for
+    the copies: the same bits as the compiled copies), against np.convolve in float64."""
+    if engine.ducc0 is None: pytest.skip("ducc0 is not installed")
+    g = torch.Generator().manual_seed(16)
+    u, K = torch.randn(4, 3, 3, 50, generator=g), torch.randn(3, 1, 30, generator=g)  # kernel rows shared by 12 rows, in runs of 3
+    A, Bm = u.reshape(-1, 50).numpy(), K.reshape(-1, 30).numpy()
+    ia, ib = engine._row_index((4, 3, 3), (4, 3, 3)), engine._row_index((4, 3, 3), (3, 1))
+    ref = np_conv(u, torch.cat([K, K.new_zeros(3, 1, 20)], -1)).reshape(-1, 50).numpy()
+    one = engine._np_shared(A, ia, Bm, ib, 50)
+    assert np.abs(one - ref).max() < 1e-6 * np.abs(ref).max()
+    for rows in (5, 7):  # ducc0 rounds a row alike whatever the call, up to its vector lanes: float32 rounding, not bits
+        assert np.abs(engine._np_shared(A, ia, Bm, ib, 50, rows) - ref).max() < 1e-6 * np.abs(ref).max()
+    monkeypatch.setattr(engine, "_copy_rows_compiled", None)
+    np.testing.assert_array_equal(engine._np_shared(A, ia, Bm, ib, 50), one)  # the same calls: the copies are exact
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_shared_kernel_pass_is_causal(dtype, monkeypatch):
+    """The fused pass is followed by step 2 like the blocked one: a large finite input (1e6, 1e30 in float64) at t0 leaves
+    y[:t0] as the prefix alone gives it."""
+    use_fft("ducc0", monkeypatch)
+    calls = count_shared(monkeypatch)
+    g = torch.Generator().manual_seed(17)
+    u, K = torch.randn(8, 3, 300, generator=g, dtype=dtype), torch.randn(3, 300, generator=g, dtype=dtype) / 10
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for t0 in (1, 30, 299):
+        clean = np_conv(u[..., :t0], K[..., :t0])
+        for big in (1e6, 1e9) if dtype == torch.float32 else (1e6, 1e30):
+            ub = u.clone(); ub[..., t0] = big
+            y = causal_conv(ub, K)
+            assert ((y[..., :t0] - clean).abs().max() / clean.abs().max()).item() < tol, (t0, big)
+    assert calls  # the fused pass ran

@@ -152,7 +152,7 @@ _heads = numba.njit(cache=True, nogil=True)(_heads_rows) if numba is not None el
 try: import ducc0  # optional (`pip install "ssm_course[fast]"`): pocketfft's successor, faster than torch.fft here
 except ImportError: ducc0 = None  # then the CPU path transforms with torch.fft; tests set this to None to force that
 
-import threading
+import functools, threading
 
 _CPU_MIN_L, _CPU_MIN_SIZE = 2, 0  # the CPU path runs for rows at least this long and batches at least this big: every real input but L = 1 (measured: section 2)
 _ROWS = 8  # FFT rows per block of the CPU path at least: ducc0 vectorizes across them
@@ -177,10 +177,12 @@ class _Spectra:
     "Real FFTs of length `n` (ducc0's, else torch.fft's) of rows zero-padded from `m` samples, in buffers reused from block to block."
     def __init__(self, n, m, dtype, rows=_ROWS):
         self.n, self.m = n, m
-        self.buf = np.zeros((rows, n + _PAD), dtype)[:, :n]  # columns m: stay zero, the padding
+        self.bufb = np.zeros((rows, n + _PAD), dtype)  # C-contiguous rows for the compiled copies ...
+        self.buf = self.bufb[:, :n]  # ... of which the transforms see n columns; columns m: stay zero, the padding
         self.Xb = np.empty((rows, n // 2 + 1 + _PAD // 2), np.result_type(dtype, np.complex64))  # contiguous rows: compiled loops vectorize
         self.X = self.Xb[:, :n // 2 + 1]
-        self.y = np.empty((rows, n + _PAD), dtype)[:, :n]
+        self.yb = np.empty((rows, n + _PAD), dtype)
+        self.y = self.yb[:, :n]
     @property
     def threads(self): return torch.get_num_threads()
     def load(self, A, idx):
@@ -240,6 +242,7 @@ def _np_pass(A, ia, Bm, ib, L, rows=None, plain=False):
     its inputs zeroed from the first non-finite one (`bad[r]`, else `L`); `first[r]` from `_np_first`. With `plain` (every
     row of `A` finite and none huge, checked by the caller) the rows are transformed as they are: (out, None, None)."""
     n, R = _next_fast_len(L + Bm.shape[-1] - 1), len(ia)
+    if plain and ducc0 is not None and R >= len(Bm) * max(_SHARED, _SHARED_SPAN / n): return _np_shared(A, ia, Bm, ib, L, rows), None, None
     rows = rows or _block_rows(n)
     hK = None if plain else np.maximum(Bm.max(-1), -Bm.min(-1))  # largest |K| per kernel row (finite here)
     eK = np.zeros(len(Bm), int) if plain else _np_exponents(hK, Bm.dtype)  # huge kernel rows: divided by a power of 2 here (exact), multiplied back below
@@ -318,6 +321,43 @@ def _add_rows(acc, Xb, ncol, idx):
     if _add_rows_compiled is None: np.add.at(acc, idx, Xb[:, :ncol])
     else: _add_rows_compiled(acc, Xb, ncol, idx)
 
+_SHARED, _SHARED_SPAN = 8, 4096  # ordinary data takes ducc0's fused convolution from 8 rows per kernel row on average and 4096 samples per call (measured: section 2)
+
+def _copy_rows_py(src, isrc, dst, idst, m):
+    "`dst[idst[r], :m] = src[isrc[r], :m]` for every r: rows gathered or scattered without a gathered temporary."
+    for r in range(len(isrc)):
+        s, d = src[isrc[r]], dst[idst[r]]
+        for k in range(m): d[k] = s[k]
+
+_copy_rows_compiled = numba.njit(cache=True, nogil=True)(_copy_rows_py) if numba is not None else None
+
+def _copy_rows(src, isrc, dst, idst, m):
+    "`dst[idst, :m] = src[isrc, :m]`, compiled with numba, else with NumPy's fancy indexing."
+    if _copy_rows_compiled is None: dst[idst, :m] = src[isrc, :m]
+    else: _copy_rows_compiled(src, isrc, dst, idst, m)
+
+def _np_shared(A, ia, Bm, ib, L, rows=None):
+    """The plain pass (ordinary data) by ducc0's `convolve_axis`, for kernel rows shared by many rows: the transform, the
+    product with the kernel's spectrum and the inverse fused, a few rows at a time in cache. Block by block (at most
+    `_SPAN` samples) the rows are taken kernel row by kernel row into the padded buffer, convolved with one call per
+    kernel row, and put back in place."""
+    n, R = _next_fast_len(L + Bm.shape[-1] - 1), len(ia)
+    rows = rows or _block_rows(n)
+    order = np.argsort(ib, kind="stable")  # the rows grouped by kernel row
+    kr = ib[order]
+    sk = _workspace("K", n, Bm.shape[-1], Bm.dtype, len(Bm))  # each kernel row zero-padded to n: convolve_axis transforms it
+    sk.load(Bm, np.arange(len(Bm)))
+    w, out = _workspace("u", n, L, A.dtype, rows), np.empty((R, L), A.dtype)
+    conv, buf, y, kern, threads = ducc0.fft.convolve_axis, w.buf, w.y, sk.buf, w.threads  # the loop below runs once per kernel row
+    for s in range(0, R, rows):
+        r = min(rows, R - s)
+        _copy_rows(A, ia[order[s:s + r]], w.bufb, np.arange(r), L)
+        k = kr[s:s + r]
+        cut = [0, *(np.flatnonzero(k[1:] != k[:-1]) + 1).tolist(), r]  # where the kernel row changes
+        for a, b, j in zip(cut[:-1], cut[1:], k[cut[:-1]].tolist()): conv(buf[a:b], y[a:b], 1, kern[j], threads)  # positional: a keyword costs 0.25 µs a call
+        _copy_rows(w.yb, np.arange(r), out, order[s:s + r], L)
+    return out
+
 def _np_direct(A, Bm):
     "Row r: the direct sums $y_t = \\sum_{s \\le t} K_s u_{t-s}$ of `A[r]` and `Bm[r]` (finite), huge rows scaled by powers of 2 as in `_np_pass`."
     P, LK = A.shape[-1], Bm.shape[-1]
@@ -392,9 +432,12 @@ def _np_correlate(G, ops, n, rows=None):
         res.append(out)
     return res
 
+@functools.lru_cache(maxsize=64)
+def _row_indices(batch, shape): return np.broadcast_to(np.arange(math.prod(shape)).reshape(shape), batch).reshape(-1)
+
 def _row_index(batch, shape):
-    "For each row of the broadcast `batch`, flattened, the row of a tensor of batch shape `shape` that it reads."
-    return np.broadcast_to(np.arange(math.prod(shape)).reshape(shape), batch).reshape(-1)
+    "For each row of the broadcast `batch`, flattened, the row of a tensor of batch shape `shape` that it reads (a fresh copy of a cached array: 0.3 µs, not 5)."
+    return _row_indices(tuple(batch), tuple(shape)).copy()
 
 def _rows_np(x):
     "`x` as a (rows, length) NumPy array, sharing memory when it can."
