@@ -95,9 +95,9 @@ def test_backward_is_the_lessons_reverse_scan_bit_for_bit():
     g = torch.Generator().manual_seed(5)
     for dtype in (torch.float32, torch.float64):
         for L, with_h0 in itertools.product([1, 2, 37, 300], [False, True]):
-            a, b = (0.95 * torch.randn(2, 3, L, generator=g, dtype=torch.float64)).to(dtype), torch.randn(2, 3, L, generator=g, dtype=torch.float64).to(dtype)
-            h0 = torch.randn(2, 3, generator=g, dtype=torch.float64).to(dtype) if with_h0 else None
-            gh = torch.randn(2, 3, L, generator=g, dtype=torch.float64).to(dtype)
+            a, b = (0.95 * torch.randn(3, 3, L, generator=g, dtype=torch.float64)).to(dtype), torch.randn(3, 3, L, generator=g, dtype=torch.float64).to(dtype)  # 9 rows: a group of 8 in tiles, 1 left
+            h0 = torch.randn(3, 3, generator=g, dtype=torch.float64).to(dtype) if with_h0 else None
+            gh = torch.randn(3, 3, L, generator=g, dtype=torch.float64).to(dtype)
             xs = [x.clone().requires_grad_() for x in (a, b, h0) if x is not None]
             ours = torch.autograd.grad(scan(*xs), xs, gh)
             ref = [r for r in scan_backward_ref(a, h0, scan_sequential(a, b, h0), gh) if r is not None]
@@ -105,26 +105,28 @@ def test_backward_is_the_lessons_reverse_scan_bit_for_bit():
 
 
 def test_loop_tiles_are_the_reference_loop():
-    "Issue 32: real inputs varying in time, forward, run eight rows at a time as vectors (8 x 8 tiles transposed in registers, `_tile_vectors`): bit-identical to scan_sequential for every row count (whole groups of 8 and the rest, 4 rows at a time) and length (whole tiles and the last L % 8 steps), with broadcast row maps, an initial state, growing decays and a NaN."
+    "Issue 32: real inputs varying in time, forward and from the end, run eight rows at a time as vectors (8 x 8 tiles transposed in registers, `_tile_vectors`): bit-identical to scan_sequential for every row count (whole groups of 8 and the rest, 4 rows at a time) and length (whole tiles and the L % 8 steps no tile covers), with broadcast row maps, an initial state, growing decays and a NaN."
     g = torch.Generator().manual_seed(6)
     for dtype in (torch.float32, torch.float64):
-        for (shp_a, shp_b), L in itertools.product([((8,), (8,)), ((3, 5), (3, 5)), ((4, 1, 9), (4, 3, 9)), ((1, 16), (3, 16))], [7, 8, 9, 16, 31, 100]):
+        for (shp_a, shp_b), L, reverse in itertools.product([((8,), (8,)), ((3, 5), (3, 5)), ((4, 1, 9), (4, 3, 9)), ((1, 16), (3, 16))], [7, 8, 9, 16, 31, 100], [False, True]):
             a = (1.05 * torch.rand(*shp_a, L, generator=g, dtype=torch.float64) - 0.5).to(dtype)  # |a| up to 0.55, some above 0.5
             b = torch.randn(*shp_b, L, generator=g, dtype=torch.float64).to(dtype)
             shape = torch.broadcast_shapes(a.shape, b.shape)
             h0 = torch.randn(shape[:-1], generator=g, dtype=torch.float64).to(dtype)
-            assert torch.equal(S._scan_loop(S._loop, a, b, h0, shape, dtype), scan_sequential(a, b, h0)), (dtype, shp_a, shp_b, L)
-        a, b = torch.full((9, 40), 1.5, dtype=dtype), torch.randn(9, 40, generator=g, dtype=torch.float64).to(dtype)
+            assert torch.equal(S._scan_loop(S._loop, a, b, h0, shape, dtype, reverse), _ref(a, b, h0, reverse)), (dtype, shp_a, shp_b, L, reverse)
+        a, b = torch.full((9, 43), 1.5, dtype=dtype), torch.randn(9, 43, generator=g, dtype=torch.float64).to(dtype)
         b[2, 13] = float("nan")
-        got, ref = S._scan_loop(S._loop, a, b, None, (9, 40), dtype), scan_sequential(a, b)
-        assert torch.equal(got[~ref.isnan()], ref[~ref.isnan()]) and torch.equal(got.isnan(), ref.isnan())
+        for reverse in (False, True):
+            got, ref = S._scan_loop(S._loop, a, b, None, (9, 43), dtype, reverse), _ref(a, b, None, reverse)
+            assert torch.equal(got[~ref.isnan()], ref[~ref.isnan()]) and torch.equal(got.isnan(), ref.isnan()), (dtype, reverse)
 
 def test_loop_compiles_the_tiles_as_vectors():
-    "Issue 32: the common case's tiles are compiled as vectors of eight steps, transposed with shuffles, and the loop asks the CPU to prefetch the rows 32 steps ahead. Measured with `scan` against the time-major NumPy loop (one thread, medians of 5 interleaved rounds, load 2.6 on 2 cores): (64, 64, 784) float32 0.83 -> 0.58, (32, 64, 128) 0.79 -> 0.51, (16, 128, 1024) 0.49 -> 0.30; (8, 256, 4096) 0.49 -> 0.44 and (4, 256, 16384) 0.36 -> 0.29 (3 rounds). Complex inputs keep four scalar chains."
+    "Issue 32: the common case's tiles are compiled as vectors of eight steps, transposed with shuffles, and the loop asks the CPU to prefetch the rows 32 steps ahead. Measured with `scan` against the time-major NumPy loop (one thread, medians of 5 interleaved rounds, load 2.6 on 2 cores): (64, 64, 784) float32 0.83 -> 0.58, (32, 64, 128) 0.79 -> 0.51, (16, 128, 1024) 0.49 -> 0.30; (8, 256, 4096) 0.49 -> 0.44 and (4, 256, 16384) 0.36 -> 0.29 (3 rounds); forward + backward of scan alone 0.74, 0.71, 0.71 of its former time at the first three (9 rounds). Complex inputs keep four scalar chains."
     import numba
     for dtype, vec in ((torch.float32, "<8 x float>"), (torch.float64, "<8 x double>")):
         loop = numba.njit(S._loop.py_func)  # compiled afresh (the on-disk cache keeps no IR to inspect), for this dtype only
         a, b = torch.rand(9, 50, dtype=dtype), torch.randn(9, 50, dtype=dtype)
         S._scan_loop(loop, a, b, None, (9, 50), dtype)
         ir = "".join(loop.inspect_llvm().values())
-        assert "shufflevector" in ir and f"fmul {vec}" in ir and f"fadd {vec}" in ir and "llvm.prefetch" in ir, dtype
+        assert "shufflevector" in ir and "llvm.prefetch" in ir, dtype
+        assert ir.count(f"fmul {vec}") >= 16 and ir.count(f"fadd {vec}") >= 16, dtype  # eight vector steps forward, eight from the end

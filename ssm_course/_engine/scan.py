@@ -60,10 +60,11 @@ def _empty(shape, dtype, device):
 def _prefetch_hint(x, i):
     "Without numba: nothing (the compiled loop replaces this with a cache prefetch)."
 
-def _tile(a, b, out, pa, pb, po, h, t):
-    "Eight rows, steps t to t + 7: row j reads `a` and `b` and writes `out` from the element offsets pa[j], pb[j], po[j] (C-contiguous arrays) and carries its state in h[j]; eight independent chains, step after step. Compiled for real dtypes: `_tile_vectors`, the same arithmetic as vectors."
+def _tile(a, b, out, pa, pb, po, h, t, reverse):
+    "Eight rows, steps t to t + 7 (from t + 7 down to t if `reverse`): row j reads `a` and `b` and writes `out` from the element offsets pa[j], pb[j], po[j] (C-contiguous arrays) and carries its state in h[j]; eight independent chains, step after step. Compiled for real dtypes: `_tile_vectors`, the same arithmetic as vectors."
     af, bf, of = a.reshape(-1), b.reshape(-1), out.reshape(-1)
-    for s in range(t, t + 8):
+    for k in range(8):
+        s = t + 7 - k if reverse else t + k
         for j in range(8):
             h[j] = af[pa[j] + s] * h[j] + bf[pb[j] + s]; of[po[j] + s] = h[j]
 
@@ -97,51 +98,60 @@ if numba is not None:
             v, s = w, s // 2
         return v
 
-    @intrinsic
-    def _tile_vectors(typingctx, a, b, out, pa, pb, po, h, t):
-        "Compiled `_tile` for real dtypes: the eight rows' pieces of `a` and `b` loaded as vectors of 8 steps and transposed, so that vector k holds step t + k of the eight rows; eight vector steps $h \\leftarrow a_k h + b_k$, each lane the scalar loop's multiply then add (two roundings, as the reference); the eight states transposed back and stored."
-        arrays = (a, b, out, h)
-        if not all(isinstance(x, numba.types.Array) and x.layout == "C" and x.dtype == out.dtype for x in arrays) or not isinstance(out.dtype, numba.types.Float): return None
-        def codegen(context, builder, sig, args):
-            ety, i64 = context.get_value_type(sig.args[2].dtype), ir.IntType(64)
-            size, vty = context.get_abi_sizeof(ety), ir.VectorType(context.get_value_type(sig.args[2].dtype), 8)
-            A, B, O, PA, PB, PO, H = (context.make_array(ty)(context, builder, x) for ty, x in zip(sig.args[:7], args[:7]))
-            def rows(X, P):  # the eight rows' pointers at step t, as pointers to vectors
-                return [builder.bitcast(builder.gep(X.data, [builder.add(builder.load(builder.gep(P.data, [i64(j)])), args[7])]), vty.as_pointer()) for j in range(8)]
-            av = _transpose(builder, [builder.load(p, align=size) for p in rows(A, PA)])
-            bv = _transpose(builder, [builder.load(p, align=size) for p in rows(B, PB)])
-            hp = builder.bitcast(H.data, vty.as_pointer())
-            hv, hs = builder.load(hp, align=size), []
-            for k in range(8):
-                hv = builder.fadd(builder.fmul(av[k], hv), bv[k]); hs.append(hv)
-            builder.store(hv, hp, align=size)
-            for p, v in zip(rows(O, PO), _transpose(builder, hs)): builder.store(v, p, align=size)
-            return context.get_dummy_value()
-        return numba.types.void(a, b, out, pa, pb, po, h, t), codegen
+    def _tile_vectors(reverse:bool):
+        "`_tile` compiled for real dtypes, forward or `reverse`: a numba intrinsic that writes the tile's vector code as LLVM instructions."
+        @intrinsic
+        def tile(typingctx, a, b, out, pa, pb, po, h, t):
+            "The eight rows' pieces of `a` and `b` loaded as vectors of 8 steps and transposed, so that vector k holds step t + k of the eight rows; eight vector steps $h \\leftarrow a_k h + b_k$ (k = 7 down to 0 if `reverse`), each lane the scalar loop's multiply then add (two roundings, as the reference); the eight states transposed back and stored."
+            if not all(isinstance(x, numba.types.Array) and x.layout == "C" and x.dtype == out.dtype for x in (a, b, out, h)) or not isinstance(out.dtype, numba.types.Float): return None
+            def codegen(context, builder, sig, args):
+                ety, i64 = context.get_value_type(sig.args[2].dtype), ir.IntType(64)
+                size, vty = context.get_abi_sizeof(ety), ir.VectorType(context.get_value_type(sig.args[2].dtype), 8)
+                A, B, O, PA, PB, PO, H = (context.make_array(ty)(context, builder, x) for ty, x in zip(sig.args[:7], args[:7]))
+                def rows(X, P):  # the eight rows' pointers at step t, as pointers to vectors
+                    return [builder.bitcast(builder.gep(X.data, [builder.add(builder.load(builder.gep(P.data, [i64(j)])), args[7])]), vty.as_pointer()) for j in range(8)]
+                av = _transpose(builder, [builder.load(p, align=size) for p in rows(A, PA)])
+                bv = _transpose(builder, [builder.load(p, align=size) for p in rows(B, PB)])
+                hp = builder.bitcast(H.data, vty.as_pointer())
+                hv, hs = builder.load(hp, align=size), [None] * 8
+                for k in (range(7, -1, -1) if reverse else range(8)):
+                    hv = builder.fadd(builder.fmul(av[k], hv), bv[k]); hs[k] = hv
+                builder.store(hv, hp, align=size)
+                for p, v in zip(rows(O, PO), _transpose(builder, hs)): builder.store(v, p, align=size)
+                return context.get_dummy_value()
+            return numba.types.void(a, b, out, pa, pb, po, h, t), codegen
+        return tile
+    _tile_forward, _tile_backward = _tile_vectors(False), _tile_vectors(True)
 
     @overload(_tile, inline="always")
-    def _tile_compiled(a, b, out, pa, pb, po, h, t):
+    def _tile_compiled(a, b, out, pa, pb, po, h, t, reverse):
         "In compiled code: `_tile_vectors` for real dtypes; for complex ones `_tile` itself, which `_loop_rows` does not call (four rows at a time are faster than eight chains through memory)."
-        if isinstance(out.dtype, numba.types.Float): return lambda a, b, out, pa, pb, po, h, t: _tile_vectors(a, b, out, pa, pb, po, h, t)
-        return _tile
+        if not isinstance(out.dtype, numba.types.Float): return _tile
+        def vectors(a, b, out, pa, pb, po, h, t, reverse):
+            if reverse: _tile_backward(a, b, out, pa, pb, po, h, t)
+            else: _tile_forward(a, b, out, pa, pb, po, h, t)
+        return vectors
 
 def _loop_rows(a, ia, b, ib, h0, out, reverse):
     "Row r of `out` (R, L): $h_t = a_t h_{t-1} + b_t$ from h0[r], on row ia[r] of `a` and row ib[r] of `b` (C-contiguous; time axis of length L, or 1 for a constant); eight rows at a time as vectors in the common case, else four rows at a time."
     R, L = out.shape
     sa, sb = (1 if a.shape[1] > 1 else 0), (1 if b.shape[1] > 1 else 0)  # a time-invariant row is read at t = 0
     r = 0
-    if sa == 1 and sb == 1 and not reverse and L >= 8 and np.isrealobj(out):  # the common case (real, a and b varying in time, forward): 8 x 8 tiles
+    if sa == 1 and sb == 1 and L >= 8 and np.isrealobj(out):  # the common case (real, a and b varying in time): 8 x 8 tiles
         pa, pb, po, h = np.empty(8, np.int64), np.empty(8, np.int64), np.empty(8, np.int64), np.empty(8, out.dtype)
-        Lt = L - L % 8
+        Lt, ahead = L - L % 8, -32 if reverse else 32  # steps in whole tiles; prefetch distance
         while r + 8 <= R:
             for j in range(8): pa[j], pb[j], po[j], h[j] = ia[r + j] * L, ib[r + j] * L, (r + j) * L, h0[r + j]
-            for t in range(0, Lt, 8):
+            for i in range(0, Lt, 8):
+                t = L - 8 - i if reverse else i  # the tile's first step
                 for j in range(8):  # the same rows 32 steps ahead, into the cache before their turn (the CPU's prefetcher follows few streams)
-                    _prefetch_hint(a, pa[j] + t + 32); _prefetch_hint(b, pb[j] + t + 32)
-                _tile(a, b, out, pa, pb, po, h, t)
-            for j in range(8):  # the last L % 8 steps, row by row
+                    _prefetch_hint(a, pa[j] + t + ahead); _prefetch_hint(b, pb[j] + t + ahead)
+                _tile(a, b, out, pa, pb, po, h, t, reverse)
+            for j in range(8):  # the L % 8 steps no tile covers (the last ones; the first if `reverse`), row by row
                 hj = h[j]
-                for t in range(Lt, L): hj = a[ia[r + j], t] * hj + b[ib[r + j], t]; out[r + j, t] = hj
+                for s in range(L - Lt):
+                    t = L - Lt - 1 - s if reverse else Lt + s
+                    hj = a[ia[r + j], t] * hj + b[ib[r + j], t]; out[r + j, t] = hj
             r += 8
     for r in range(r, R, 4):  # the rest: four rows side by side, four independent chains
         r0, r1, r2, r3 = r, min(r + 1, R - 1), min(r + 2, R - 1), min(r + 3, R - 1)  # past the last row: repeat it (same values)
