@@ -102,14 +102,17 @@ if numba is not None:
         "`_tile` compiled for real dtypes, forward or `reverse`: a numba intrinsic that writes the tile's vector code as LLVM instructions."
         @intrinsic
         def tile(typingctx, a, b, out, pa, pb, po, h, t):
-            "The eight rows' pieces of `a` and `b` loaded as vectors of 8 steps and transposed, so that vector k holds step t + k of the eight rows; eight vector steps $h \\leftarrow a_k h + b_k$ (k = 7 down to 0 if `reverse`), each lane the scalar loop's multiply then add (two roundings, as the reference); the eight states transposed back and stored."
-            if not all(isinstance(x, numba.types.Array) and x.layout == "C" and x.dtype == out.dtype for x in (a, b, out, h)) or not isinstance(out.dtype, numba.types.Float): return None
+            "The eight rows' pieces of `a` and `b` loaded as vectors of 8 steps and transposed, so that vector k holds step t + k of the eight rows; eight vector steps h = a_k h + b_k (k = 7 down to 0 if `reverse`), each lane the scalar loop's multiply then add (two roundings, as the reference); the eight states transposed back and stored."
+            types = numba.types  # real C-contiguous arrays of one dtype, int64 offsets, an integer step
+            if not (isinstance(out, types.Array) and isinstance(out.dtype, types.Float) and isinstance(t, types.Integer)): return None
+            if not all(isinstance(x, types.Array) and x.layout == "C" and x.dtype == dt for xs, dt in (((a, b, out, h), out.dtype), ((pa, pb, po), types.int64)) for x in xs): return None
             def codegen(context, builder, sig, args):
                 ety, i64 = context.get_value_type(sig.args[2].dtype), ir.IntType(64)
                 size, vty = context.get_abi_sizeof(ety), ir.VectorType(context.get_value_type(sig.args[2].dtype), 8)
                 A, B, O, PA, PB, PO, H = (context.make_array(ty)(context, builder, x) for ty, x in zip(sig.args[:7], args[:7]))
+                t0 = context.cast(builder, args[7], sig.args[7], numba.types.int64)
                 def rows(X, P):  # the eight rows' pointers at step t, as pointers to vectors
-                    return [builder.bitcast(builder.gep(X.data, [builder.add(builder.load(builder.gep(P.data, [i64(j)])), args[7])]), vty.as_pointer()) for j in range(8)]
+                    return [builder.bitcast(builder.gep(X.data, [builder.add(builder.load(builder.gep(P.data, [i64(j)])), t0)]), vty.as_pointer()) for j in range(8)]
                 av = _transpose(builder, [builder.load(p, align=size) for p in rows(A, PA)])
                 bv = _transpose(builder, [builder.load(p, align=size) for p in rows(B, PB)])
                 hp = builder.bitcast(H.data, vty.as_pointer())
