@@ -87,7 +87,7 @@ def fft_conv(u, K):
 # %% ../nbs/05_s4.ipynb #e7c4c31c
 from .checks import broadcast_shapes, to_precision, full_precision
 from .discretize import discretize
-from ._engine.conv import _check_dplr, _zero_kernel, _matrix_power, _recomputed, _c_tilde, _solve_small
+from ._engine.conv import _check_dplr, _zero_kernel, _matrix_power, _recomputed, _c_tilde, _solve_small, _bordered_fast
 
 # %% ../nbs/05_s4.ipynb #d6916803
 def _cauchy_blocks(v, g, lam, skip, chunk):
@@ -126,6 +126,21 @@ def _dense_c_tilde(Lambda, P, B, C, dt, L):
     dA = discretize(_dplr_dense(c128(Lambda), c128(P)), c128(B), dt[..., 0].double(), "bilinear")[0]
     return (c128(C) - (c128(C)[..., None, :] @ _matrix_power(dA, L))[..., 0, :]).to(C.dtype)
 
+def _bordered(Lambda, P, B, C, g, m, chunk):
+    "$\\hat K$ before the bilinear factor, (..., L): the Cauchy sums $k'$ with the pole $m_k$ left out at each frequency $g_k$, then the bordered $(r+1)\\times(r+1)$ system."
+    ctype, r = Lambda.dtype, P.shape[-2]
+    left = torch.cat([C[..., None, :], P.conj()], -2)  # (..., 1+r, N): rows C~, P_i^*
+    right = torch.cat([B[..., None, :], P], -2)  # (..., 1+r, N): rows B, P_j
+    v = (left[..., :, None, :] * right[..., None, :, :]).flatten(-3, -2)  # (..., (1+r)^2, N)
+    k = cauchy(v, g, Lambda, chunk, skip=m).unflatten(-2, (1 + r, 1 + r)).movedim(-1, -3)  # (..., L, 1+r, 1+r): the sums k'
+    k_CB, k_CP, k_PB, k_PP = k[..., 0, 0], k[..., 0, 1:], k[..., 1:, 0], k[..., 1:, 1:]
+    at = lambda x: x.gather(-1, m)  # (..., L): x[..., m_k]
+    p_m = P.gather(-1, m[..., None, :].expand(*m.shape[:-1], r, -1)).mT  # (..., L, r): P[..., :, m_k]
+    M = torch.cat([torch.cat([torch.eye(r, dtype=ctype, device=Lambda.device) + k_PP, -p_m.conj()[..., :, None]], -1),
+                   torch.cat([p_m[..., None, :], (g - at(Lambda))[..., None, None]], -1)], -2)  # (..., L, r+1, r+1)
+    sol = _solve_small(M, torch.cat([k_PB, at(B)[..., None]], -1))  # (..., L, r+1): (y, x_m); torch.linalg.solve (2 x 2: Cramer, engine)
+    return k_CB - (k_CP * sol[..., :r]).sum(-1) + at(C) * sol[..., r]
+
 @full_precision
 def ssm_kernel_dplr(
     Lambda:Tensor, # diagonal part $\Lambda$, (..., N), complex
@@ -144,7 +159,7 @@ def ssm_kernel_dplr(
     channel for the backward: the Cauchy blocks, and without `tilde` the dense matrices of $\\tilde C$, are recomputed there."""
     Lambda, P, B, C, dt, L, chunk, out = _check_dplr(Lambda, P, B, C, dt, L, chunk)  # one complex dtype; (..., N), P (..., r, N), dt (..., 1)
     if Lambda.numel() == 0: return _zero_kernel(L, out, Lambda, P, B, C, dt)  # no channel, or no state: K = 0
-    ctype, r = Lambda.dtype, P.shape[-2]
+    ctype = Lambda.dtype
     if not tilde: C = _recomputed(_c_tilde, Lambda, P, B, C, dt, L)  # C~ (_dense_c_tilde's value, faster: engine); training keeps only its inputs
     k = torch.arange(L, device=Lambda.device, dtype=torch.float64)
     omega = torch.polar(torch.ones_like(k), -2 * math.pi * k / L).to(ctype)  # (L,) the roots of unity
@@ -152,17 +167,8 @@ def ssm_kernel_dplr(
     omega_safe = torch.where(nyq, torch.zeros_like(omega), omega)  # any point away from -1; replaced below
     g = 2 / dt * (1 - omega_safe) / (1 + omega_safe)  # (..., L) warped frequencies
     m = _nearest_poles(Lambda.detach(), P.detach(), dt.detach(), L)  # (..., L) the pole left out at each frequency
-    left = torch.cat([C[..., None, :], P.conj()], -2)  # (..., 1+r, N): rows C~, P_i^*
-    right = torch.cat([B[..., None, :], P], -2)  # (..., 1+r, N): rows B, P_j
-    v = (left[..., :, None, :] * right[..., None, :, :]).flatten(-3, -2)  # (..., (1+r)^2, N)
-    k = cauchy(v, g, Lambda, chunk, skip=m).unflatten(-2, (1 + r, 1 + r)).movedim(-1, -3)  # (..., L, 1+r, 1+r): the sums k'
-    k_CB, k_CP, k_PB, k_PP = k[..., 0, 0], k[..., 0, 1:], k[..., 1:, 0], k[..., 1:, 1:]
-    at = lambda x: x.gather(-1, m)  # (..., L): x[..., m_k]
-    p_m = P.gather(-1, m[..., None, :].expand(*m.shape[:-1], r, L)).mT  # (..., L, r): P[..., :, m_k]
-    M = torch.cat([torch.cat([torch.eye(r, dtype=ctype, device=Lambda.device) + k_PP, -p_m.conj()[..., :, None]], -1),
-                   torch.cat([p_m[..., None, :], (g - at(Lambda))[..., None, None]], -1)], -2)  # (..., L, r+1, r+1)
-    sol = _solve_small(M, torch.cat([k_PB, at(B)[..., None]], -1))  # (..., L, r+1): (y, x_m); torch.linalg.solve (2 x 2: Cramer, engine)
-    Khat = k_CB - (k_CP * sol[..., :r]).sum(-1) + at(C) * sol[..., r]
+    Khat = _bordered_fast(Lambda, P, B, C, g, m)  # rank 1, nothing records, numba: the same in one compiled pass (engine)
+    if Khat is None: Khat = _bordered(Lambda, P, B, C, g, m, chunk)
     Khat = torch.where(nyq, dt / 2 * (C * B).sum(-1, keepdim=True), 2 / (1 + omega_safe) * Khat)
     return to_precision(torch.fft.ifft(Khat, n=L), out)
 

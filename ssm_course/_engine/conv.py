@@ -665,6 +665,7 @@ def _matrix_power_bits(A, L):
 # %% ../../nbs/engine/conv.ipynb #c7a1d3e5
 _RANK = 4  # the low-rank powers of $\bar A$ double while their rank stays at most N / _RANK ...
 _APPLY = 64  # ... then C takes at most _APPLY products with the last one; a larger rest of L squares its dense form first
+_APPLY_FAST = 512  # compiled (`_lowrank_fast`, nothing records the call): up to _APPLY_FAST low-rank products, no dense form
 
 def _c_tilde(Lambda, P, B, C, dt, L):
     """$\\tilde C = C(I - \\bar A^L)$ of the bilinear $\\bar A$ (`dt` of shape (..., 1)), in complex128 whatever the inputs' precision,
@@ -690,7 +691,9 @@ def _c_tilde(Lambda, P, B, C, dt, L):
     for j in range(J):  # the low bits of L
         if (L >> j) & 1: w = times(w, *levels[j])
     q, (e, X, Y) = L >> J, levels[J]  # the rest: q products with A-bar^(2^J)
-    if q > _APPLY:  # dense squarings until at most _APPLY products are left
+    fast = _lowrank_fast(w, e, X, Y, q) if q <= _APPLY_FAST else None  # compiled, in a call that nothing records
+    if fast is not None: w = fast
+    elif q > _APPLY:  # dense squarings until at most _APPLY products are left
         M = torch.diag_embed(e) + X @ Y.mH
         while q > _APPLY:
             if q & 1: w = (w[..., None, :] @ M)[..., 0, :]
@@ -729,6 +732,48 @@ def _times_power(w, M, q):
     _powers(W.numpy(), _row_index(batch, M.shape[:-2]), Ms.numpy(), q)
     return W.view(*batch, N)
 
+# %% ../../nbs/engine/conv.ipynb #a33c7e01
+def _lowrank_rows(wr, wi, iw, er, ei, Xr, Xi, Yr, Yi, q):
+    """In place: row r of w = `wr + i wi` (R, N) times $(\\mathrm{diag}(e) + XY^*)^q$ with row `iw[r]` of e (Re, N), $X^\\top$ (Re, k, N)
+    and $Y^*$ (Re, k, N), real and imaginary parts apart. Per product the k sums $s = wX$, then $w \\leftarrow w \\odot e + sY^*$:
+    $2Nk$ complex products, where a dense power costs $N^2$; one row's factors stay in cache for its q products."""
+    R, N, k = wr.shape[0], wr.shape[1], Xr.shape[1]
+    tr, ti = np.empty(N, wr.dtype), np.empty(N, wr.dtype)
+    for r in range(R):
+        a = iw[r]
+        for _ in range(q):
+            for n in range(N):
+                tr[n] = wr[r, n] * er[a, n] - wi[r, n] * ei[a, n]
+                ti[n] = wr[r, n] * ei[a, n] + wi[r, n] * er[a, n]
+            for i in range(k):
+                sr = si = tr[0] - tr[0]  # zero, in the rows' dtype
+                for n in range(N):
+                    sr += wr[r, n] * Xr[a, i, n] - wi[r, n] * Xi[a, i, n]
+                    si += wr[r, n] * Xi[a, i, n] + wi[r, n] * Xr[a, i, n]
+                for n in range(N):
+                    tr[n] += sr * Yr[a, i, n] - si * Yi[a, i, n]
+                    ti[n] += sr * Yi[a, i, n] + si * Yr[a, i, n]
+            wr[r, :] = tr
+            wi[r, :] = ti
+
+# the k sums over n may be reassociated (vectorized): complex128 throughout, the order of N additions
+_lowrank = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})(_lowrank_rows) if numba is not None else None
+
+def _lowrank_fast(w, e, X, Y, q):
+    """$w(\\mathrm{diag}(e) + XY^*)^q$ for rows w (..., N), e (..., N), X and Y (..., N, k) by `_lowrank`, for complex128 CPU tensors
+    in a call that nothing records (`_unrecorded`); None otherwise or without numba (then `_c_tilde` runs torch's products)."""
+    xs = (w, e, X, Y)
+    if _lowrank is None or q < 1 or any(x.dtype != torch.complex128 or x.device.type != "cpu" for x in xs) or not _unrecorded(*xs): return None
+    fb = broadcast_shapes(e.shape[:-1], X.shape[:-2], Y.shape[:-2])  # the factors' batch
+    batch, N, k = broadcast_shapes(w.shape[:-1], fb), w.shape[-1], X.shape[-1]
+    if math.prod(batch) * N == 0: return None
+    parts = lambda x: (x.real.contiguous().numpy(), x.imag.contiguous().numpy())  # read only
+    flat = lambda x, *s: x.detach().resolve_conj().expand(*fb, *s).reshape(math.prod(fb), *s)  # k may be 0 (rank 0)
+    W = w.detach().resolve_conj().expand(*batch, N).reshape(-1, N)
+    wr, wi = np.array(W.real.numpy(), order="C"), np.array(W.imag.numpy(), order="C")  # copies, written in place
+    _lowrank(wr, wi, _row_index(batch, fb), *parts(flat(e, N)), *parts(flat(X.mT, k, N)), *parts(flat(Y.mH, k, N)), q)
+    return torch.complex(torch.from_numpy(wr), torch.from_numpy(wi)).view(*batch, N)
+
 # %% ../../nbs/engine/conv.ipynb #c7a1d3e9
 def _solve_small(M, b):
     """`torch.linalg.solve(M, b)` for M (..., n, n) and b (..., n); for n = 2 by Cramer's rule (forward stable for 2 x 2 systems), in
@@ -765,6 +810,91 @@ def _cramer_fast(M, b):
     rows = lambda t, *s: t.detach().resolve_conj().reshape(-1, *s).contiguous().numpy()
     bad = _cramer(rows(M, 2, 2), rows(b, 2), x.view(-1, 2).numpy(), f.dtype.type(1), f.tiny, f.max)
     return None if bad else x
+
+# %% ../../nbs/engine/conv.ipynb #a33c7e02
+_SPECTRUM_BLOCK = 256  # points whose four sums wait in a scratch for their solves
+
+def _spectrum_rows(vr, vi, vc, iv, lr, li, lc, il, g, gc, ig, sk, isk, out, one, unit, tiny, huge):
+    """Row b of `out` (R, Z): lesson 05's `_bordered` for rank 1 at the points of row `ig[b]` of g (`gc` (Rg, Z), `g` its real
+    view (Rg, Z, 2)). Row `iv[b]` of v (`vc` (Rv, 7, N), `vr + i vi` its parts) holds the numerators $\\tilde CB$, $\\tilde CP$,
+    $\\bar PB$, $\\bar PP$, then P, B, $\\tilde C$; row `il[b]` of the poles (`lc`, `lr + i li`); `sk[isk[b], j]` is the pole m left out
+    at point j. In blocks of `_SPECTRUM_BLOCK` points: at each point the N reciprocals $\\bar d/|d|^2$ into a scratch and the
+    four sums over it (as `_sums`); then per point the bordered system
+    $\\begin{pmatrix}1 + k_{PP} & -\\bar P_m\\\\ P_m & g_j - \\lambda_m\\end{pmatrix}(y, x) = (k_{PB}, B_m)$ by Cramer's rule (as `_cramer`)
+    and $k_{CB} - k_{CP}\\,y + \\tilde C_m x$. Returns how many $|d|^2$ (of the poles not left out) or $|\\det|^2$ fell outside
+    [tiny, huge] or were NaN, or results beyond huge (then `out` is not to be used)."""
+    R, Z, N = out.shape[0], out.shape[1], lr.shape[1]
+    zero = one - one  # of the inputs' dtype
+    T = min(Z, _SPECTRUM_BLOCK)
+    wr, wi, S = np.empty(N, lr.dtype), np.empty(N, lr.dtype), np.empty((T, 4), out.dtype)
+    bad = 0
+    for b in range(R):
+        a, p, q, s = iv[b], il[b], ig[b], isk[b]
+        for j0 in range(0, Z, T):
+            t = min(T, Z - j0)
+            for j in range(j0, j0 + t):  # the sums k_CB, k_CP, k_PB, k_PP
+                gr, gi, m0 = g[q, j, 0], g[q, j, 1], sk[s, j]
+                for n in range(N):
+                    dr, di = gr - lr[p, n], gi - li[p, n]
+                    d2 = dr * dr + di * di
+                    inv = one / d2
+                    x, y = dr * inv, -di * inv
+                    if n == m0: x, y = zero, zero  # the pole left out at this point
+                    elif not (d2 >= tiny and d2 <= huge): bad += 1  # 1/d2 over- or underflows
+                    wr[n], wi[n] = x, y
+                r0 = i0 = r1 = i1 = r2 = i2 = r3 = i3 = zero
+                for n in range(N):
+                    x, y = wr[n], wi[n]
+                    r0 += vr[a, 0, n] * x - vi[a, 0, n] * y; i0 += vr[a, 0, n] * y + vi[a, 0, n] * x
+                    r1 += vr[a, 1, n] * x - vi[a, 1, n] * y; i1 += vr[a, 1, n] * y + vi[a, 1, n] * x
+                    r2 += vr[a, 2, n] * x - vi[a, 2, n] * y; i2 += vr[a, 2, n] * y + vi[a, 2, n] * x
+                    r3 += vr[a, 3, n] * x - vi[a, 3, n] * y; i3 += vr[a, 3, n] * y + vi[a, 3, n] * x
+                S[j - j0, 0], S[j - j0, 1], S[j - j0, 2], S[j - j0, 3] = r0 + 1j * i0, r1 + 1j * i1, r2 + 1j * i2, r3 + 1j * i3  # exact
+            for j in range(j0, j0 + t):  # the bordered solves
+                m0, kCB, kCP, kPB, kPP = sk[s, j], S[j - j0, 0], S[j - j0, 1], S[j - j0, 2], S[j - j0, 3]
+                Pm, Bm, Cm = vc[a, 4, m0], vc[a, 5, m0], vc[a, 6, m0]
+                A, D = unit + kPP, gc[q, j] - lc[p, m0]  # the diagonal of the bordered matrix
+                det = A * D + Pm.conjugate() * Pm
+                dq = det.real * det.real + det.imag * det.imag
+                dinv = det.conjugate() * (one / dq)  # 1/det
+                y, x = (D * kPB + Pm.conjugate() * Bm) * dinv, (A * Bm - Pm * kPB) * dinv
+                K = kCB - kCP * y + Cm * x
+                if not (dq >= tiny and dq <= huge and abs(y.real) + abs(y.imag) + abs(x.real) + abs(x.imag) + abs(K.real) + abs(K.imag) <= huge): bad += 1
+                out[b, j] = K
+    return bad
+
+_spectrum = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})(_spectrum_rows) if numba is not None else None
+
+def _bordered_fast(Lambda, P, B, C, g, m):
+    """Lesson 05's `_bordered(Lambda, P, B, C, g, m, chunk)` by `_spectrum`, for rank 1 and complex CPU inputs of one dtype in a call
+    that nothing records (`_unrecorded`): no $(1+r)^2 \\times L$ sums, bordered matrices or solutions are formed. None otherwise,
+    without numba, or where a numerator is not finite or `_spectrum` counts a value out of range (then the lesson's code runs)."""
+    xs = (Lambda, P, B, C, g)
+    if _spectrum is None or P.shape[-2] != 1 or Lambda.dtype not in (torch.complex64, torch.complex128) or any(x.dtype != Lambda.dtype for x in xs): return None
+    if any(x.device.type != "cpu" for x in (*xs, m)) or not _unrecorded(*xs): return None
+    N, Z = Lambda.shape[-1], g.shape[-1]
+    p = P[..., 0, :]
+    vb = broadcast_shapes(p.shape[:-1], B.shape[:-1], C.shape[:-1])  # the numerators' batch
+    batch = broadcast_shapes(vb, Lambda.shape[:-1], g.shape[:-1], m.shape[:-1])
+    R = math.prod(batch)
+    if R * N * Z == 0: return None
+    p, B, C = (x.detach().resolve_conj().expand(*vb, N) for x in (p, B, C))
+    v = torch.stack([C * B, C * p, p.conj() * B, p.conj() * p, p, B, C], -2).reshape(-1, 7, N)  # the lesson's products, then P, B, C~
+    if not bool(torch.isfinite(v).all()): return None  # a NaN or inf in g or Lambda makes a |d|^2 NaN or inf: counted
+    rows = lambda x, k: (x.detach().resolve_conj().reshape(-1, *x.shape[x.ndim - k:]).contiguous(), _row_index(batch, x.shape[:x.ndim - k]))
+    (l2, il), (g2, ig), (m2, isk) = rows(Lambda, 1), rows(g, 1), rows(m, 1)
+    parts = lambda x: (x.real.contiguous().numpy(), x.imag.contiguous().numpy(), x.numpy())
+    (vr, vi, vc), (lr, li, lc), iv = parts(v), parts(l2), _row_index(batch, vb)
+    G, gc, sk = torch.view_as_real(g2).numpy(), g2.numpy(), m2.numpy()
+    out = torch.empty(R, Z, dtype=Lambda.dtype)
+    O, f = out.numpy(), np.finfo(lr.dtype)
+    args = lambda i, j: (vr, vi, vc, iv[i:j], lr, li, lc, il[i:j], G, gc, ig[i:j], sk, isk[i:j], O[i:j], f.dtype.type(1), O.dtype.type(1), f.tiny, f.max)
+    n = min(torch.get_num_threads(), R) if R * 4 * N * Z >= _FAST_MIN else 1
+    if n <= 1: bad = _spectrum(*args(0, R))
+    else:  # numba releases the GIL (nogil): each thread runs its own slice of rows
+        cut = np.linspace(0, R, n + 1).astype(int)
+        with ThreadPoolExecutor(n) as pool: bad = sum(pool.map(lambda i: _spectrum(*args(cut[i], cut[i + 1])), range(n)))
+    return None if bad else out.view(*batch, Z)
 
 # %% ../../nbs/engine/conv.ipynb #eee02747
 from torch.utils.checkpoint import checkpoint
