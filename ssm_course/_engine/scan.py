@@ -150,11 +150,9 @@ def _loop_rows(a, ia, b, ib, h0, out, reverse):
                 for j in range(8):  # the same rows 32 steps ahead, into the cache before their turn (the CPU's prefetcher follows few streams)
                     _prefetch_hint(a, pa[j] + t + ahead); _prefetch_hint(b, pb[j] + t + ahead)
                 _tile(a, b, out, pa, pb, po, h, t, reverse)
-            for j in range(8):  # the L % 8 steps no tile covers (the last ones; the first if `reverse`), row by row
-                hj = h[j]
-                for s in range(L - Lt):
-                    t = L - Lt - 1 - s if reverse else Lt + s
-                    hj = a[ia[r + j], t] * hj + b[ib[r + j], t]; out[r + j, t] = hj
+            for s in range(L - Lt):  # the L % 8 steps no tile covers (the last ones; the first if `reverse`), the eight rows side by side
+                t = L - Lt - 1 - s if reverse else Lt + s
+                for j in range(8): h[j] = a.flat[pa[j] + t] * h[j] + b.flat[pb[j] + t]; out.flat[po[j] + t] = h[j]
             r += 8
     for r in range(r, R, 4):  # the rest: four rows side by side, four independent chains
         r0, r1, r2, r3 = r, min(r + 1, R - 1), min(r + 2, R - 1), min(r + 3, R - 1)  # past the last row: repeat it (same values)
