@@ -1205,7 +1205,8 @@ def test_cpu_backward_transforms_g_once(monkeypatch):
 
 SHARED = [((7, 3, 600), (3, 600), False), ((8, 3, 600), (3, 600), True),  # rows per kernel row: 7, 8 (n = 1200)
           ((2, 36, 3, 33), (3, 20), False), ((2, 40, 3, 33), (3, 20), True),  # 72 or 80 rows of n = 54: 3888 or 4320 samples a call
-          ((45, 45), (45,), False), ((48, 45), (45,), True), ((3, 8, 2, 40), (8, 1, 40), False), ((44, 8, 2, 24), (8, 1, 24), True)]
+          ((45, 45), (45,), False), ((48, 45), (45,), True), ((3, 8, 2, 40), (8, 1, 40), False), ((44, 8, 2, 24), (8, 1, 24), True),
+          ((600, 3, 4), (3, 4), False), ((600, 3, 16), (3, 16), True)]  # transforms of n = 8 or 32: 4800 or 19200 samples a kernel row
 
 
 def count_shared(monkeypatch):
@@ -1218,10 +1219,10 @@ def count_shared(monkeypatch):
 @pytest.mark.parametrize("ushape,kshape,fused", SHARED)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_shared_kernel_pass_on_both_sides_of_its_threshold(ushape, kshape, fused, dtype, monkeypatch):
-    """Ordinary data whose kernel rows are each shared by `_SHARED` (8) rows or more on average, whose transforms fill
-    `_SHARED_SPAN` (4096) samples or more, takes ducc0's fused convolution (`_np_shared`), else the blocked pass; both
-    equal np.convolve in float64 to the dtype's rounding."""
-    assert (engine._SHARED, engine._SHARED_SPAN) == (8, 4096)  # the thresholds these shapes straddle
+    """Ordinary data whose kernel rows are each shared by `_SHARED` (8) rows or more on average, whose transforms are at
+    least `_SHARED_N` (32) long and fill `_SHARED_SPAN` (4096) samples or more a kernel row, takes ducc0's fused
+    convolution (`_np_shared`), else the blocked pass; both equal np.convolve in float64 to the dtype's rounding."""
+    assert (engine._SHARED, engine._SHARED_SPAN, engine._SHARED_N) == (8, 4096, 32)  # the thresholds these shapes straddle
     use_fft("ducc0", monkeypatch)
     calls = count_shared(monkeypatch)
     g = torch.Generator().manual_seed(15)
@@ -1266,3 +1267,25 @@ def test_shared_kernel_pass_is_causal(dtype, monkeypatch):
             y = causal_conv(ub, K)
             assert ((y[..., :t0] - clean).abs().max() / clean.abs().max()).item() < tol, (t0, big)
     assert calls  # the fused pass ran
+
+
+@pytest.mark.parametrize("path", ["ducc0", "torch.fft", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_causal_conv_nonfinite_input_after_small_taps(path, dtype, monkeypatch):
+    """A NaN or an inf at t0 with the kernel's early taps under 1/_GUARD of its largest: y[:t0] as the prefix alone gives it
+    (the CPU path's step 2 rebuilt prefixes past the non-finite input, whose first big step came after it: NaN before t0)."""
+    if path != "torch": use_fft(path, monkeypatch)
+    f = engine._causal_torch if path == "torch" else causal_conv
+    for bad in (math.nan, math.inf):
+        for t0 in (1, 3, 10):
+            u, K = torch.ones(1, 100, dtype=dtype), torch.ones(100, dtype=dtype)
+            K[:2] = 0.01; u[0, t0] = bad
+            y = f(u, K)
+            torch.testing.assert_close(y[0, :t0].double(), np_conv(u[:, :t0], K[:t0])[0], rtol=1e-6, atol=1e-8)
+            assert torch.isnan(y[0, t0:]).all()
+    g = torch.Generator().manual_seed(18)  # the reviewer's random case: 4 of 36 rows had y[0] = NaN
+    u, K = torch.randn(4, 9, 1000, generator=g, dtype=dtype), torch.randn(9, 1000, generator=g, dtype=dtype) / 10
+    u[..., 1] = math.nan
+    y = f(u, K)
+    torch.testing.assert_close(y[..., 0], u[..., 0] * K[..., 0])
+    assert torch.isnan(y[..., 1:]).all()

@@ -242,7 +242,7 @@ def _np_pass(A, ia, Bm, ib, L, rows=None, plain=False):
     its inputs zeroed from the first non-finite one (`bad[r]`, else `L`); `first[r]` from `_np_first`. With `plain` (every
     row of `A` finite and none huge, checked by the caller) the rows are transformed as they are: (out, None, None)."""
     n, R = _next_fast_len(L + Bm.shape[-1] - 1), len(ia)
-    if plain and ducc0 is not None and R >= len(Bm) * max(_SHARED, _SHARED_SPAN / n): return _np_shared(A, ia, Bm, ib, L, rows), None, None
+    if plain and ducc0 is not None and n >= _SHARED_N and R >= len(Bm) * max(_SHARED, _SHARED_SPAN / n): return _np_shared(A, ia, Bm, ib, L, rows), None, None
     rows = rows or _block_rows(n)
     hK = None if plain else np.maximum(Bm.max(-1), -Bm.min(-1))  # largest |K| per kernel row (finite here)
     eK = np.zeros(len(Bm), int) if plain else _np_exponents(hK, Bm.dtype)  # huge kernel rows: divided by a power of 2 here (exact), multiplied back below
@@ -321,7 +321,7 @@ def _add_rows(acc, Xb, ncol, idx):
     if _add_rows_compiled is None: np.add.at(acc, idx, Xb[:, :ncol])
     else: _add_rows_compiled(acc, Xb, ncol, idx)
 
-_SHARED, _SHARED_SPAN = 8, 4096  # ordinary data takes ducc0's fused convolution from 8 rows per kernel row on average and 4096 samples per call (measured: section 2)
+_SHARED, _SHARED_SPAN, _SHARED_N = 8, 4096, 32  # ordinary data takes ducc0's fused convolution from 8 rows per kernel row on average, 4096 samples per call and transforms of 32 (measured: section 4)
 
 def _copy_rows_py(src, isrc, dst, idst, m):
     "`dst[idst[r], :m] = src[isrc[r], :m]` for every r: rows gathered or scattered without a gathered temporary."
@@ -385,6 +385,7 @@ def _np_causal(A, ia, Bm, ib, L, rows=None):
             Bm = np.where(np.arange(Bm.shape[-1]) >= badK[:, None], 0, Bm).astype(Bm.dtype)
         out, first, bad = _np_pass(A, ia, Bm, ib, L, rows)
     bad = np.minimum(bad, badK[ib])
+    first = np.minimum(first, bad)  # step 2 rebuilds prefixes from the unmasked rows: none may reach a non-finite input or tap
     live = np.arange(len(ia))  # the rows of `out` that the current level recomputes
     while (first > 0).any():  # step 2, level by level: outputs before `first` from the inputs and taps before it only
         sel = np.nonzero(first > 0)[0]
@@ -432,12 +433,13 @@ def _np_correlate(G, ops, n, rows=None):
         res.append(out)
     return res
 
-@functools.lru_cache(maxsize=64)
 def _row_indices(batch, shape): return np.broadcast_to(np.arange(math.prod(shape)).reshape(shape), batch).reshape(-1)
+_row_indices_kept = functools.lru_cache(maxsize=64)(_row_indices)  # batches of at most 2^16 rows: at most 32 MB kept
 
 def _row_index(batch, shape):
-    "For each row of the broadcast `batch`, flattened, the row of a tensor of batch shape `shape` that it reads (a fresh copy of a cached array: 0.3 µs, not 5)."
-    return _row_indices(tuple(batch), tuple(shape)).copy()
+    "For each row of the broadcast `batch`, flattened, the row of a tensor of batch shape `shape` that it reads (small batches: a fresh copy of a cached array, 0.3 µs, not 5)."
+    batch, shape = tuple(batch), tuple(shape)
+    return _row_indices_kept(batch, shape).copy() if math.prod(batch) <= 2**16 else _row_indices(batch, shape)
 
 def _rows_np(x):
     "`x` as a (rows, length) NumPy array, sharing memory when it can."
