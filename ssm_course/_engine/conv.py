@@ -676,6 +676,8 @@ def _c_tilde(Lambda, P, B, C, dt, L):
     if torch.compiler.is_compiling():
         from ssm_course.conv import _dense_c_tilde  # ssm_course.conv imports this module while it loads
         return _dense_c_tilde(Lambda, P, B, C, dt, L)
+    fast = _c_tilde_fast(Lambda, P, C, dt, L)  # rank 1, nothing records: all of the below in one compiled pass
+    if fast is not None: return fast
     c128 = lambda x: x.to(torch.complex128)
     lam, U, w = c128(Lambda), c128(P).mT, c128(C)  # (..., N), (..., N, r): A = diag(lam) - U U^*, (..., N)
     g = 2 / dt.double()  # (..., 1)
@@ -775,6 +777,77 @@ def _lowrank_fast(w, e, X, Y, q):
     wr, wi = np.array(W.real.numpy(), order="C"), np.array(W.imag.numpy(), order="C")  # copies, written in place
     _lowrank(wr, wi, _row_index(batch, fb), *parts(flat(e, N)), *parts(flat(X.mT, k, N)), *parts(flat(Y.mH, k, N)), q)
     return torch.complex(torch.from_numpy(wr), torch.from_numpy(wi)).view(*batch, N)
+
+# %% ../../nbs/engine/conv.ipynb #a33c7e04
+def _c_tilde_rows(lam, il, u, iu, w, iw, g, ig, out, L, J):
+    """Row b of `out` (R, N), complex128: $w\\bar A^L$ for rank 1, the whole of `_c_tilde`'s products in one pass per channel (row
+    `il[b]` of the poles `lam`, `iu[b]` of the vector p of $P$, `iw[b]` of w, `ig[b]` of $2/\\Delta$ in `g`). As `_c_tilde` does
+    them: Woodbury's $\\bar A = \\mathrm{diag}(e) + XY^*$, J squarings of that form (rank $2^J$), w times the powers that the low
+    bits of L select, then $L \\gg J$ products with the last one by `_lowrank_rows` (its layout: real and imaginary parts apart)."""
+    R, N, K = out.shape[0], out.shape[1], 1 << J
+    E = np.empty((J + 1, N), np.complex128)
+    X, Y, G = np.empty((J + 1, N, K), np.complex128), np.empty((J + 1, N, K), np.complex128), np.empty((K, K), np.complex128)
+    s, t = np.empty(K, np.complex128), np.empty(N, np.complex128)
+    er, ei, Xr, Xi, Yr, Yi = np.empty((1, N)), np.empty((1, N)), np.empty((1, K, N)), np.empty((1, K, N)), np.empty((1, K, N)), np.empty((1, K, N))
+    tr, ti, i0 = np.empty((1, N)), np.empty((1, N)), np.zeros(1, np.int64)
+    for b in range(R):
+        a, p, c, gg = il[b], iu[b], iw[b], g[ig[b]]
+        S = 1 + 0j  # 1 + p^* D^{-1} p with D = gI - diag(lam): A-bar = 2g (D + p p^*)^{-1} - I
+        for n in range(N): S += u[p, n].conjugate() * (u[p, n] / (gg - lam[a, n]))
+        for n in range(N):
+            d = gg - lam[a, n]
+            E[0, n], X[0, n, 0], Y[0, n, 0] = (gg + lam[a, n]) / d, -2 * gg * (u[p, n] / d) / S, u[p, n] / d.conjugate()
+        for j in range(J):  # (D + XY^*)^2 = D^2 + [DX + X(Y^*X), X] [Y, D^*Y]^*
+            k = 1 << j
+            for x in range(k):
+                for y in range(k):
+                    acc = 0j
+                    for n in range(N): acc += Y[j, n, x].conjugate() * X[j, n, y]
+                    G[x, y] = acc
+            for n in range(N):
+                E[j + 1, n] = E[j, n] * E[j, n]
+                for y in range(k):
+                    acc = E[j, n] * X[j, n, y]
+                    for x in range(k): acc += X[j, n, x] * G[x, y]
+                    X[j + 1, n, y], X[j + 1, n, k + y] = acc, X[j, n, y]
+                    Y[j + 1, n, y], Y[j + 1, n, k + y] = Y[j, n, y], E[j, n].conjugate() * Y[j, n, y]
+        for n in range(N): t[n] = w[c, n]
+        for j in range(J):  # the low bits of L
+            if (L >> j) & 1:
+                k = 1 << j
+                for x in range(k):
+                    acc = 0j
+                    for n in range(N): acc += t[n] * X[j, n, x]
+                    s[x] = acc
+                for n in range(N):
+                    acc = t[n] * E[j, n]
+                    for x in range(k): acc += s[x] * Y[j, n, x].conjugate()
+                    t[n] = acc
+        for n in range(N):  # the rest: L >> J products with A-bar^(2^J), in _lowrank's layout
+            tr[0, n], ti[0, n], er[0, n], ei[0, n] = t[n].real, t[n].imag, E[J, n].real, E[J, n].imag
+            for x in range(K): Xr[0, x, n], Xi[0, x, n], Yr[0, x, n], Yi[0, x, n] = X[J, n, x].real, X[J, n, x].imag, Y[J, n, x].real, -Y[J, n, x].imag
+        _lowrank_inner(tr, ti, i0, er, ei, Xr, Xi, Yr, Yi, L >> J)
+        for n in range(N): out[b, n] = tr[0, n] + 1j * ti[0, n]
+
+_lowrank_inner = _lowrank  # what _ctilde calls, bound when it compiles (tests replace _lowrank by counting wrappers)
+_ctilde = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})(_c_tilde_rows) if numba is not None else None
+
+def _c_tilde_fast(Lambda, P, C, dt, L):
+    """`_c_tilde`'s value for rank 1 by `_ctilde` (one compiled pass, no torch operation per power or product), for CPU tensors in
+    a call that nothing records where at most `_APPLY_FAST` products with the last low-rank power are left; None otherwise."""
+    xs = (Lambda, P, C, dt)
+    if _ctilde is None or P.shape[-2] != 1 or any(x.device.type != "cpu" for x in xs) or not _unrecorded(*xs): return None
+    N, J = Lambda.shape[-1], 0
+    while 2 ** (J + 1) <= L and 2 ** (J + 1) <= max(1, N // _RANK): J += 1  # `_c_tilde`'s squarings: rank 2^J
+    if L >> J > _APPLY_FAST: return None
+    c128 = lambda x: x.detach().resolve_conj().to(torch.complex128)
+    lam, u, w, g = c128(Lambda), c128(P[..., 0, :]), c128(C), 2 / dt.detach().double()[..., 0]
+    batch = broadcast_shapes(lam.shape[:-1], u.shape[:-1], w.shape[:-1], g.shape)
+    if math.prod(batch) * N == 0: return None
+    rows = lambda x, k: (x.reshape(-1, *x.shape[x.ndim - k:]).contiguous().numpy(), _row_index(batch, x.shape[:x.ndim - k]))
+    out = torch.empty(math.prod(batch), N, dtype=torch.complex128)
+    _ctilde(*rows(lam, 1), *rows(u, 1), *rows(w, 1), *rows(g, 0), out.numpy(), L, J)
+    return (w - out.view(*batch, N)).to(C.dtype)
 
 # %% ../../nbs/engine/conv.ipynb #c7a1d3e9
 def _solve_small(M, b):
