@@ -87,7 +87,7 @@ def fft_conv(u, K):
 # %% ../nbs/05_s4.ipynb #e7c4c31c
 from .checks import broadcast_shapes, to_precision, full_precision
 from .discretize import discretize
-from ._engine.conv import _check_dplr, _zero_kernel, _matrix_power, _recomputed, _c_tilde, _solve_small, _bordered_fast
+from ._engine.conv import _check_dplr, _zero_kernel, _matrix_power, _recomputed, _c_tilde, _solve_small, _kernel_spectrum_fast
 
 # %% ../nbs/05_s4.ipynb #d6916803
 def _cauchy_blocks(v, g, lam, skip, chunk):
@@ -141,6 +141,17 @@ def _bordered(Lambda, P, B, C, g, m, chunk):
     sol = _solve_small(M, torch.cat([k_PB, at(B)[..., None]], -1))  # (..., L, r+1): (y, x_m); torch.linalg.solve (2 x 2: Cramer, engine)
     return k_CB - (k_CP * sol[..., :r]).sum(-1) + at(C) * sol[..., r]
 
+def _kernel_spectrum(Lambda, P, B, C, dt, L, chunk):
+    "$\\hat K$ at the $L$-th roots of unity, (..., L): the warped frequencies, the pole left out at each, the bordered system's sums and solves, the bilinear factor."
+    k = torch.arange(L, device=Lambda.device, dtype=torch.float64)
+    omega = torch.polar(torch.ones_like(k), -2 * math.pi * k / L).to(Lambda.dtype)  # (L,) the roots of unity
+    nyq = 2 * k == L  # omega = -1 exactly (even L only), whatever the precision
+    omega_safe = torch.where(nyq, torch.zeros_like(omega), omega)  # any point away from -1; replaced below
+    g = 2 / dt * (1 - omega_safe) / (1 + omega_safe)  # (..., L) warped frequencies
+    m = _nearest_poles(Lambda.detach(), P.detach(), dt.detach(), L)  # (..., L) the pole left out at each frequency
+    Khat = _bordered(Lambda, P, B, C, g, m, chunk)
+    return torch.where(nyq, dt / 2 * (C * B).sum(-1, keepdim=True), 2 / (1 + omega_safe) * Khat)
+
 @full_precision
 def ssm_kernel_dplr(
     Lambda:Tensor, # diagonal part $\Lambda$, (..., N), complex
@@ -159,17 +170,9 @@ def ssm_kernel_dplr(
     channel for the backward: the Cauchy blocks, and without `tilde` the dense matrices of $\\tilde C$, are recomputed there."""
     Lambda, P, B, C, dt, L, chunk, out = _check_dplr(Lambda, P, B, C, dt, L, chunk)  # one complex dtype; (..., N), P (..., r, N), dt (..., 1)
     if Lambda.numel() == 0: return _zero_kernel(L, out, Lambda, P, B, C, dt)  # no channel, or no state: K = 0
-    ctype = Lambda.dtype
     if not tilde: C = _recomputed(_c_tilde, Lambda, P, B, C, dt, L)  # C~ (_dense_c_tilde's value, faster: engine); training keeps only its inputs
-    k = torch.arange(L, device=Lambda.device, dtype=torch.float64)
-    omega = torch.polar(torch.ones_like(k), -2 * math.pi * k / L).to(ctype)  # (L,) the roots of unity
-    nyq = 2 * k == L  # omega = -1 exactly (even L only), whatever the precision
-    omega_safe = torch.where(nyq, torch.zeros_like(omega), omega)  # any point away from -1; replaced below
-    g = 2 / dt * (1 - omega_safe) / (1 + omega_safe)  # (..., L) warped frequencies
-    m = _nearest_poles(Lambda.detach(), P.detach(), dt.detach(), L)  # (..., L) the pole left out at each frequency
-    Khat = _bordered_fast(Lambda, P, B, C, g, m)  # rank 1, nothing records, numba: the same in one compiled pass (engine)
-    if Khat is None: Khat = _bordered(Lambda, P, B, C, g, m, chunk)
-    Khat = torch.where(nyq, dt / 2 * (C * B).sum(-1, keepdim=True), 2 / (1 + omega_safe) * Khat)
+    Khat = _kernel_spectrum_fast(Lambda, P, B, C, dt, L)  # rank 1, nothing records, numba: the same in one compiled pass (engine)
+    if Khat is None: Khat = _kernel_spectrum(Lambda, P, B, C, dt, L, chunk)
     return to_precision(torch.fft.ifft(Khat, n=L), out)
 
 # %% ../nbs/06_diagonal.ipynb #7f84a349

@@ -889,28 +889,49 @@ def _cramer_fast(M, b):
 # %% ../../nbs/engine/conv.ipynb #a33c7e02
 _SPECTRUM_BLOCK = 256  # points whose four sums wait in a scratch for their solves
 
-def _spectrum_rows(vr, vi, vc, iv, lr, li, lc, il, g, gc, ig, sk, isk, out, one, unit, tiny, huge):
-    """Row b of `out` (R, Z): lesson 05's `_bordered` for rank 1 at the points of row `ig[b]` of g (`gc` (Rg, Z), `g` its real
-    view (Rg, Z, 2)). Row `iv[b]` of v (`vc` (Rv, 7, N), `vr + i vi` its parts) holds the numerators $\\tilde CB$, $\\tilde CP$,
-    $\\bar PB$, $\\bar PP$, then P, B, $\\tilde C$; row `il[b]` of the poles (`lc`, `lr + i li`); `sk[isk[b], j]` is the pole m left out
-    at point j. In blocks of `_SPECTRUM_BLOCK` points: at each point the N reciprocals $\\bar d/|d|^2$ into a scratch and the
-    four sums over it (as `_sums`); then per point the bordered system
-    $\\begin{pmatrix}1 + k_{PP} & -\\bar P_m\\\\ P_m & g_j - \\lambda_m\\end{pmatrix}(y, x) = (k_{PB}, B_m)$ by Cramer's rule (as `_cramer`)
-    and $k_{CB} - k_{CP}\\,y + \\tilde C_m x$. Returns how many $|d|^2$ (of the poles not left out) or $|\\det|^2$ fell outside
+def _spectrum_rows(vr, vi, vc, iv, lr, li, lc, il, w2, iw, dt, idt, tn, out, one, unit, tiny, huge):
+    """Row b of `out` (R, L): lesson 05's `_kernel_spectrum` for rank 1. Row `iv[b]` of v (`vc` (Rv, 7, N), `vr + i vi` its parts)
+    holds the numerators $\\tilde CB$, $\\tilde CP$, $\\bar PB$, $\\bar PP$, then P, B, $\\tilde C$; row `il[b]` of the poles (`lc`,
+    `lr + i li`), `iw[b]` of $|P_n|^2$ (`w2`, float64), `idt[b]` of the steps (`dt`, float64); `tn[j]` = $\\tan(\\pi j/L)$.
+    Per row: the pole $m_j$ left out at each point as `_nearest_poles` picks it (its candidates in its order, the last of equal
+    scores kept), then in blocks of `_SPECTRUM_BLOCK` points the N reciprocals $\\bar d/|d|^2$ at $g_j = \\frac{2i}\\Delta\\tan\\frac{\\pi j}L$
+    into a scratch and the four sums over it (as `_sums`), and per point the bordered system
+    $\\begin{pmatrix}1 + k_{PP} & -\\bar P_m\\\\ P_m & g_j - \\lambda_m\\end{pmatrix}(y, x) = (k_{PB}, B_m)$ by Cramer's rule (as `_cramer`),
+    $(k_{CB} - k_{CP}\\,y + \\tilde C_m x)$ times the bilinear factor $\\frac2{1+\\omega_j} = 1 + i\\tan\\frac{\\pi j}L$; at $\\omega = -1$
+    (even L) $\\frac\\Delta2\\sum_n\\tilde C_nB_n$. Returns how many $|d|^2$ (of the poles not left out) or $|\\det|^2$ fell outside
     [tiny, huge] or were NaN, or results beyond huge (then `out` is not to be used)."""
-    R, Z, N = out.shape[0], out.shape[1], lr.shape[1]
+    R, L, N = out.shape[0], out.shape[1], lr.shape[1]
     zero = one - one  # of the inputs' dtype
-    T = min(Z, _SPECTRUM_BLOCK)
+    T = min(L, _SPECTRUM_BLOCK)
     wr, wi, S = np.empty(N, lr.dtype), np.empty(N, lr.dtype), np.empty((T, 4), out.dtype)
+    best, mrow, ck, cs = np.empty(L), np.empty(L + 1, np.int64), np.empty(2 * N, np.int64), np.empty(2 * N)
+    rs, cs2 = np.empty(2, lr.dtype), np.empty(2, out.dtype)  # casts to the inputs' precision
     bad = 0
     for b in range(R):
-        a, p, q, s = iv[b], il[b], ig[b], isk[b]
-        for j0 in range(0, Z, T):
-            t = min(T, Z - j0)
+        a, p, h = iv[b], il[b], idt[b]
+        d64, wrow = dt[h], w2[iw[b]]
+        best[:] = 0.0
+        mrow[:] = 0
+        for c in range(2 * N):  # `_nearest_poles`: the grid points on either side of the frequency of each pole, scored
+            n = c % N
+            lam_r, lam_i = np.float64(lr[p, n]), np.float64(li[p, n])
+            k = math.floor(math.atan(lam_i * d64 / 2) * (L / math.pi)) + (c // N)
+            gi = 2 / d64 * math.tan(math.pi * k / L)
+            s = wrow[n] ** 2 / (lam_r * lam_r + (gi - lam_i) * (gi - lam_i) + 1e-300)
+            kk = int(k - L * math.floor(k / L))  # k mod L
+            ck[c], cs[c] = kk, s
+            if s > best[kk]: best[kk] = s
+        for c in range(2 * N):  # the claims with the best score, the last one kept (slot L: those that lost)
+            mrow[ck[c] if cs[c] == best[ck[c]] else L] = c % N
+        g2 = 2 / d64
+        for j0 in range(0, L, T):
+            t = min(T, L - j0)
             for j in range(j0, j0 + t):  # the sums k_CB, k_CP, k_PB, k_PP
-                gr, gi, m0 = g[q, j, 0], g[q, j, 1], sk[s, j]
+                if 2 * j == L: continue  # omega = -1: below
+                rs[0] = g2 * tn[j]  # Im g_j, rounded to the inputs' precision
+                gi, m0 = rs[0], mrow[j]
                 for n in range(N):
-                    dr, di = gr - lr[p, n], gi - li[p, n]
+                    dr, di = -lr[p, n], gi - li[p, n]
                     d2 = dr * dr + di * di
                     inv = one / d2
                     x, y = dr * inv, -di * inv
@@ -925,51 +946,62 @@ def _spectrum_rows(vr, vi, vc, iv, lr, li, lc, il, g, gc, ig, sk, isk, out, one,
                     r2 += vr[a, 2, n] * x - vi[a, 2, n] * y; i2 += vr[a, 2, n] * y + vi[a, 2, n] * x
                     r3 += vr[a, 3, n] * x - vi[a, 3, n] * y; i3 += vr[a, 3, n] * y + vi[a, 3, n] * x
                 S[j - j0, 0], S[j - j0, 1], S[j - j0, 2], S[j - j0, 3] = r0 + 1j * i0, r1 + 1j * i1, r2 + 1j * i2, r3 + 1j * i3  # exact
-            for j in range(j0, j0 + t):  # the bordered solves
-                m0, kCB, kCP, kPB, kPP = sk[s, j], S[j - j0, 0], S[j - j0, 1], S[j - j0, 2], S[j - j0, 3]
+            for j in range(j0, j0 + t):  # the bordered solves and the bilinear factor
+                if 2 * j == L:  # omega = -1: dt/2 sum_n C~_n B_n
+                    rs[0] = d64 / 2
+                    acc = unit - unit
+                    for n in range(N): acc += vc[a, 0, n]
+                    out[b, j] = rs[0] * acc
+                    continue
+                rs[0], rs[1] = g2 * tn[j], tn[j]
+                cs2[0], cs2[1] = 1j * rs[0], 1 + 1j * rs[1]  # g_j and 2/(1 + omega_j) in the inputs' precision (exact casts)
+                m0, kCB, kCP, kPB, kPP = mrow[j], S[j - j0, 0], S[j - j0, 1], S[j - j0, 2], S[j - j0, 3]
                 Pm, Bm, Cm = vc[a, 4, m0], vc[a, 5, m0], vc[a, 6, m0]
-                A, D = unit + kPP, gc[q, j] - lc[p, m0]  # the diagonal of the bordered matrix
+                A, D = unit + kPP, cs2[0] - lc[p, m0]  # the diagonal of the bordered matrix
                 det = A * D + Pm.conjugate() * Pm
                 dq = det.real * det.real + det.imag * det.imag
                 dinv = det.conjugate() * (one / dq)  # 1/det
                 y, x = (D * kPB + Pm.conjugate() * Bm) * dinv, (A * Bm - Pm * kPB) * dinv
-                K = kCB - kCP * y + Cm * x
+                K = (kCB - kCP * y + Cm * x) * cs2[1]
                 if not (dq >= tiny and dq <= huge and abs(y.real) + abs(y.imag) + abs(x.real) + abs(x.imag) + abs(K.real) + abs(K.imag) <= huge): bad += 1
                 out[b, j] = K
     return bad
 
 _spectrum = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})(_spectrum_rows) if numba is not None else None
 
-def _bordered_fast(Lambda, P, B, C, g, m):
-    """Lesson 05's `_bordered(Lambda, P, B, C, g, m, chunk)` by `_spectrum`, for rank 1 and complex CPU inputs of one dtype in a call
-    that nothing records (`_unrecorded`): no $(1+r)^2 \\times L$ sums, bordered matrices or solutions are formed. None otherwise,
-    without numba, or where a numerator is not finite or `_spectrum` counts a value out of range (then the lesson's code runs)."""
-    xs = (Lambda, P, B, C, g)
+def _kernel_spectrum_fast(Lambda, P, B, C, dt, L):
+    """Lesson 05's `_kernel_spectrum(Lambda, P, B, C, dt, L, chunk)` by `_spectrum`, for rank 1 and complex CPU inputs of one dtype
+    in a call that nothing records (`_unrecorded`): no frequencies, poles left out, sums, bordered matrices or solutions of
+    size L are formed. None otherwise, without numba, or where a numerator is not finite or `_spectrum` counts a value out of
+    range (then the lesson's code runs)."""
+    xs = (Lambda, P, B, C)
     if _spectrum is None or P.shape[-2] != 1 or Lambda.dtype not in (torch.complex64, torch.complex128) or any(x.dtype != Lambda.dtype for x in xs): return None
-    if any(x.device.type != "cpu" for x in (*xs, m)) or not _unrecorded(*xs): return None
-    N, Z = Lambda.shape[-1], g.shape[-1]
+    if any(x.device.type != "cpu" for x in (*xs, dt)) or not _unrecorded(*xs, dt): return None
+    N = Lambda.shape[-1]
     p = P[..., 0, :]
     vb = broadcast_shapes(p.shape[:-1], B.shape[:-1], C.shape[:-1])  # the numerators' batch
-    batch = broadcast_shapes(vb, Lambda.shape[:-1], g.shape[:-1], m.shape[:-1])
+    batch = broadcast_shapes(vb, Lambda.shape[:-1], dt.shape[:-1])
     R = math.prod(batch)
-    if R * N * Z == 0: return None
+    if R * N * L == 0: return None
     p, B, C = (x.detach().resolve_conj().expand(*vb, N) for x in (p, B, C))
     v = torch.stack([C * B, C * p, p.conj() * B, p.conj() * p, p, B, C], -2).reshape(-1, 7, N)  # the lesson's products, then P, B, C~
-    if not bool(torch.isfinite(v).all()): return None  # a NaN or inf in g or Lambda makes a |d|^2 NaN or inf: counted
+    if not bool(torch.isfinite(v).all()): return None  # a NaN or inf in Lambda or dt makes a |d|^2 NaN or inf: counted
+    w2 = P.detach().abs().square().sum(-2).double()  # `_nearest_poles`'s weights, as it computes them
     rows = lambda x, k: (x.detach().resolve_conj().reshape(-1, *x.shape[x.ndim - k:]).contiguous(), _row_index(batch, x.shape[:x.ndim - k]))
-    (l2, il), (g2, ig), (m2, isk) = rows(Lambda, 1), rows(g, 1), rows(m, 1)
+    (l2, il), (w2, iw), (d2, idt) = rows(Lambda, 1), rows(w2, 1), rows(dt.double()[..., 0], 0)
     parts = lambda x: (x.real.contiguous().numpy(), x.imag.contiguous().numpy(), x.numpy())
-    (vr, vi, vc), (lr, li, lc), iv = parts(v), parts(l2), _row_index(batch, vb)
-    G, gc, sk = torch.view_as_real(g2).numpy(), g2.numpy(), m2.numpy()
-    out = torch.empty(R, Z, dtype=Lambda.dtype)
+    (vr, vi, vc), (lr, li, lc) = parts(v), parts(l2)
+    tn = np.tan(np.pi * np.arange(L) / L)  # g_j = 2i/dt tan(pi j/L), 2/(1 + omega_j) = 1 + i tan(pi j/L)
+    out = torch.empty(R, L, dtype=Lambda.dtype)
     O, f = out.numpy(), np.finfo(lr.dtype)
-    args = lambda i, j: (vr, vi, vc, iv[i:j], lr, li, lc, il[i:j], G, gc, ig[i:j], sk, isk[i:j], O[i:j], f.dtype.type(1), O.dtype.type(1), f.tiny, f.max)
-    n = min(torch.get_num_threads(), R) if R * 4 * N * Z >= _FAST_MIN else 1
+    args = lambda i, j: (vr, vi, vc, _row_index(batch, vb)[i:j], lr, li, lc, il[i:j], w2.numpy(), iw[i:j], d2.numpy(), idt[i:j], tn, O[i:j],
+                         f.dtype.type(1), O.dtype.type(1), f.tiny, f.max)
+    n = min(torch.get_num_threads(), R) if R * 4 * N * L >= _FAST_MIN else 1
     if n <= 1: bad = _spectrum(*args(0, R))
     else:  # numba releases the GIL (nogil): each thread runs its own slice of rows
         cut = np.linspace(0, R, n + 1).astype(int)
         with ThreadPoolExecutor(n) as pool: bad = sum(pool.map(lambda i: _spectrum(*args(cut[i], cut[i + 1])), range(n)))
-    return None if bad else out.view(*batch, Z)
+    return None if bad else out.view(*batch, L)
 
 # %% ../../nbs/engine/conv.ipynb #eee02747
 from torch.utils.checkpoint import checkpoint
