@@ -1,5 +1,5 @@
 """Issue 32, S4's forward within 4x of S4D's: the compiled paths of `ssm_kernel_dplr` for calls that nothing records (engine/conv):
-C~'s low-rank products (`_lowrank_fast`) and the one pass from the Cauchy sums to the kernel spectrum (`_bordered_fast`), against
+C~ (`_c_tilde_fast` for rank 1, `_lowrank_fast`'s products otherwise) and the kernel spectrum in one pass (`_kernel_spectrum_fast`), against
 independent references in complex128 (NumPy's dense powers and the dense kernel $C\\bar A^l\\bar B$), against lesson 05's path, and
 when they hand back to it (autograd, rank 2, values out of range)."""
 import numpy as np, pytest, torch
@@ -161,3 +161,17 @@ def test_s4_layer_forward_compiled_equals_training_path(counted):
     assert counted["spectrum"] == 1 and counted["ctilde"] == 1
     y_train = m(x)
     assert counted["spectrum"] == 1 and (y - y_train.detach()).abs().max() < 2e-6 * y_train.abs().max()
+
+
+def test_kernel_spectrum_rows_split_over_threads(counted):
+    "Above _FAST_MIN numbers the channels are split over PyTorch's threads (numba releases the GIL): the same values, bit for bit."
+    Lam, P, B, _ = dplr("legs", 64)
+    C = torch.randn(3, 64, dtype=torch.complex64, generator=torch.Generator().manual_seed(3))
+    args = (Lam.to(torch.complex64), P.to(torch.complex64), B.to(torch.complex64), C, torch.tensor([1e-3, 0.02, 0.3]), 2048)
+    assert 3 * 4 * 64 * 2048 >= engine._FAST_MIN
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1); one = ssm_kernel_dplr(*args)
+        torch.set_num_threads(3); three = ssm_kernel_dplr(*args)
+    finally: torch.set_num_threads(threads)
+    assert counted["spectrum"] == 4 and torch.equal(one, three)  # one call, then one per thread

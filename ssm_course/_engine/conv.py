@@ -990,11 +990,11 @@ def _kernel_spectrum_fast(Lambda, P, B, C, dt, L):
     rows = lambda x, k: (x.detach().resolve_conj().reshape(-1, *x.shape[x.ndim - k:]).contiguous(), _row_index(batch, x.shape[:x.ndim - k]))
     (l2, il), (w2, iw), (d2, idt) = rows(Lambda, 1), rows(w2, 1), rows(dt.double()[..., 0], 0)
     parts = lambda x: (x.real.contiguous().numpy(), x.imag.contiguous().numpy(), x.numpy())
-    (vr, vi, vc), (lr, li, lc) = parts(v), parts(l2)
+    (vr, vi, vc), (lr, li, lc), iv = parts(v), parts(l2), _row_index(batch, vb)
     tn = np.tan(np.pi * np.arange(L) / L)  # g_j = 2i/dt tan(pi j/L), 2/(1 + omega_j) = 1 + i tan(pi j/L)
     out = torch.empty(R, L, dtype=Lambda.dtype)
     O, f = out.numpy(), np.finfo(lr.dtype)
-    args = lambda i, j: (vr, vi, vc, _row_index(batch, vb)[i:j], lr, li, lc, il[i:j], w2.numpy(), iw[i:j], d2.numpy(), idt[i:j], tn, O[i:j],
+    args = lambda i, j: (vr, vi, vc, iv[i:j], lr, li, lc, il[i:j], w2.numpy(), iw[i:j], d2.numpy(), idt[i:j], tn, O[i:j],
                          f.dtype.type(1), O.dtype.type(1), f.tiny, f.max)
     n = min(torch.get_num_threads(), R) if R * 4 * N * L >= _FAST_MIN else 1
     if n <= 1: bad = _spectrum(*args(0, R))
