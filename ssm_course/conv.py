@@ -171,7 +171,7 @@ def ssm_kernel_dplr(
     Lambda, P, B, C, dt, L, chunk, out = _check_dplr(Lambda, P, B, C, dt, L, chunk)  # one complex dtype; (..., N), P (..., r, N), dt (..., 1)
     if Lambda.numel() == 0: return _zero_kernel(L, out, Lambda, P, B, C, dt)  # no channel, or no state: K = 0
     if not tilde: C = _recomputed(_c_tilde, Lambda, P, B, C, dt, L)  # C~ (_dense_c_tilde's value, faster: engine); training keeps only its inputs
-    Khat = _kernel_spectrum_fast(Lambda, P, B, C, dt, L)  # rank 1, nothing records, numba: the same in one compiled pass (engine)
+    Khat = _kernel_spectrum_fast(Lambda, P, B, C, dt, L)  # rank 1, nothing records: the same in one compiled pass (engine)
     if Khat is None: Khat = _kernel_spectrum(Lambda, P, B, C, dt, L, chunk)
     return to_precision(torch.fft.ifft(Khat, n=L), out)
 
