@@ -137,6 +137,9 @@ def test_kernel_spectrum_hands_back():
     assert engine._kernel_spectrum_fast(Lc, torch.cat([Pc, Pc], -2), Bc, Cc, dtc, Lk) is None  # rank 2
     Cn = Cc.clone(); Cn[..., 3] = float("nan")
     assert engine._kernel_spectrum_fast(Lc, Pc, Bc, Cn, dtc, Lk) is None
+    for bad in (float("nan"), complex(0, float("nan")), complex(float("inf"), 0)):  # a pole NaN (no grid point for it) or infinite
+        Ln = Lc.clone(); Ln[..., 2] = bad
+        assert engine._kernel_spectrum_fast(Ln, Pc, Bc, Cc, dtc, Lk) is None
     Pb = P * 1e160  # |det|^2 overflows in complex128
     assert engine._kernel_spectrum_fast(Lc, Pc * 1e160, Bc, Cc, dtc, Lk) is None
     K = ssm_kernel_dplr(Lam, Pb, B, C, dt, 16, tilde=True)

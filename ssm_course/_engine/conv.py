@@ -915,7 +915,12 @@ def _spectrum_rows(vr, vi, vc, iv, lr, li, lc, il, w2, iw, dt, idt, tn, out, one
         for c in range(2 * N):  # `_nearest_poles`: the grid points on either side of the frequency of each pole, scored
             n = c % N
             lam_r, lam_i = np.float64(lr[p, n]), np.float64(li[p, n])
-            k = math.floor(math.atan(lam_i * d64 / 2) * (L / math.pi)) + (c // N)
+            th = math.atan(lam_i * d64 / 2) * (L / math.pi)  # in (-L/2, L/2), or NaN
+            if th != th:  # NaN: no grid point (and no index from it); the lesson's code runs
+                ck[c], cs[c] = 0, np.nan
+                bad += 1
+                continue
+            k = math.floor(th) + (c // N)
             gi = 2 / d64 * math.tan(math.pi * k / L)
             s = wrow[n] ** 2 / (lam_r * lam_r + (gi - lam_i) * (gi - lam_i) + 1e-300)
             kk = int(k - L * math.floor(k / L))  # k mod L
