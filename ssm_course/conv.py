@@ -87,7 +87,7 @@ def fft_conv(u, K):
 # %% ../nbs/05_s4.ipynb #e7c4c31c
 from .checks import broadcast_shapes, to_precision, full_precision
 from .discretize import discretize
-from ._engine.conv import _check_dplr, _zero_kernel, _matrix_power, _recomputed, _c_tilde, _solve_small, _kernel_spectrum_fast
+from ._engine.conv import _check_dplr, _zero_kernel, _matrix_power, _recomputed, _c_tilde, _solve_small, _spectrum_of
 
 # %% ../nbs/05_s4.ipynb #d6916803
 def _cauchy_blocks(v, g, lam, skip, chunk):
@@ -158,7 +158,7 @@ def ssm_kernel_dplr(
     P:Tensor, # low-rank factor with its rank axis, (..., r, N), so `P.ndim > Lambda.ndim`; $A = \mathrm{diag}(\Lambda) - \sum_i P_i P_i^\ast$
     B:Tensor, # input vector, (..., N)
     C:Tensor, # output vector, (..., N); or $\tilde C = C(I - \bar A^L)$ with `tilde=True`
-    dt:Tensor|float, # step $\Delta > 0$, scalar or broadcastable to the batch dims
+    dt:Tensor|float, # step $\Delta > 0$, scalar or broadcastable to the batch dims (one per channel: shape (H,), not (H, 1))
     L:int, # kernel length, at least 1
     tilde:bool=False, # `C` is already $\tilde C$ (S4's trained parameter): skips the dense power ($O(N^3\log L)$ time, $O(N^2)$ memory per channel)
     chunk:int=4096, # frequencies per Cauchy block
@@ -171,8 +171,7 @@ def ssm_kernel_dplr(
     Lambda, P, B, C, dt, L, chunk, out = _check_dplr(Lambda, P, B, C, dt, L, chunk)  # one complex dtype; (..., N), P (..., r, N), dt (..., 1)
     if Lambda.numel() == 0: return _zero_kernel(L, out, Lambda, P, B, C, dt)  # no channel, or no state: K = 0
     if not tilde: C = _recomputed(_c_tilde, Lambda, P, B, C, dt, L)  # C~ (_dense_c_tilde's value, faster: engine); training keeps only its inputs
-    Khat = _kernel_spectrum_fast(Lambda, P, B, C, dt, L)  # rank 1, nothing records: the same in one compiled pass (engine)
-    if Khat is None: Khat = _kernel_spectrum(Lambda, P, B, C, dt, L, chunk)
+    Khat = _spectrum_of(_kernel_spectrum, Lambda, P, B, C, dt, L, chunk)  # _kernel_spectrum's value (faster: engine)
     return to_precision(torch.fft.ifft(Khat, n=L), out)
 
 # %% ../nbs/06_diagonal.ipynb #7f84a349

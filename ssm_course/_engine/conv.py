@@ -1008,6 +1008,12 @@ def _kernel_spectrum_fast(Lambda, P, B, C, dt, L):
         with ThreadPoolExecutor(n) as pool: bad = sum(pool.map(lambda i: _spectrum(*args(cut[i], cut[i + 1])), range(n)))
     return None if bad else out.view(*batch, L)
 
+def _spectrum_of(reference, Lambda, P, B, C, dt, L, chunk):
+    "`reference(Lambda, P, B, C, dt, L, chunk)` (lesson 05's `_kernel_spectrum`), computed by `_kernel_spectrum_fast` where that applies (rank 1, a call nothing records, numba)."
+    Khat = _kernel_spectrum_fast(Lambda, P, B, C, dt, L)
+    return reference(Lambda, P, B, C, dt, L, chunk) if Khat is None else Khat
+
+
 # %% ../../nbs/engine/conv.ipynb #eee02747
 from torch.utils.checkpoint import checkpoint
 
