@@ -570,6 +570,22 @@ class _Cauchy(torch.autograd.Function):
 from concurrent.futures import ThreadPoolExecutor
 from ..checks import _unrecorded  # nothing records the call: the compiled paths below may run
 
+def _inverses_row(gr, gi, lr, li, p, m0, wr, wi, zero, one, tiny, huge):
+    """Into the scratch `wr + i wi` (N,): the reciprocals $\\bar d/|d|^2$ of $d = g - \\lambda_n$, g = `gr + i gi`, for the poles of row p
+    of `lr + i li`, 0 at the pole `m0` left out (-1: none). Returns how many $|d|^2$ of the others fell outside [tiny, huge] or were NaN."""
+    bad = 0
+    for n in range(lr.shape[1]):
+        dr, di = gr - lr[p, n], gi - li[p, n]
+        d2 = dr * dr + di * di
+        inv = one / d2
+        x, y = dr * inv, -di * inv
+        if n == m0: x, y = zero, zero  # the pole left out at this point
+        elif not (d2 >= tiny and d2 <= huge): bad += 1  # 1/d2 over- or underflows
+        wr[n], wi[n] = x, y
+    return bad
+
+_inverses = numba.njit(inline="always", nogil=True, error_model="numpy")(_inverses_row) if numba is not None else None  # inlined where it is called: compiled with the caller's flags
+
 def _sums_rows(vr, vi, iv, lr, li, il, g, ig, sk, isk, out, one, tiny, huge):
     """Row b of `out` (R, M, Z, 2): $\\sum_n v_{mn}/(g_j - \\lambda_n)$ with the numerators `vr + i vi` of row `iv[b]` (Rv, M, N),
     the poles `lr + i li` of row `il[b]` (Rl, N), the points of row `ig[b]` of `g` (Rg, Z, 2) and the pole `sk[isk[b], j]` left
@@ -583,14 +599,7 @@ def _sums_rows(vr, vi, iv, lr, li, il, g, ig, sk, isk, out, one, tiny, huge):
         a, p, q, s = iv[b], il[b], ig[b], isk[b]
         for j in range(Z):
             gr, gi, m0 = g[q, j, 0], g[q, j, 1], sk[s, j]
-            for n in range(N):
-                dr, di = gr - lr[p, n], gi - li[p, n]
-                d2 = dr * dr + di * di
-                inv = one / d2
-                x, y = dr * inv, -di * inv
-                if n == m0: x, y = zero, zero  # the pole left out at this point
-                elif not (d2 >= tiny and d2 <= huge): bad += 1  # 1/d2 over- or underflows
-                wr[n], wi[n] = x, y
+            bad += _inverses(gr, gi, lr, li, p, m0, wr, wi, zero, one, tiny, huge)
             for m in range(0, M, 4):  # four sums per pass over the scratch (the last pass repeats its last row where M is no multiple of 4)
                 m1, m2, m3 = min(m + 1, M - 1), min(m + 2, M - 1), min(m + 3, M - 1)
                 r0 = i0 = r1 = i1 = r2 = i2 = r3 = i3 = zero
@@ -935,14 +944,7 @@ def _spectrum_rows(vr, vi, vc, iv, lr, li, lc, il, w2, iw, dt, idt, tn, out, one
                 if 2 * j == L: continue  # omega = -1: below
                 rs[0] = g2 * tn[j]  # Im g_j, rounded to the inputs' precision
                 gi, m0 = rs[0], mrow[j]
-                for n in range(N):
-                    dr, di = -lr[p, n], gi - li[p, n]
-                    d2 = dr * dr + di * di
-                    inv = one / d2
-                    x, y = dr * inv, -di * inv
-                    if n == m0: x, y = zero, zero  # the pole left out at this point
-                    elif not (d2 >= tiny and d2 <= huge): bad += 1  # 1/d2 over- or underflows
-                    wr[n], wi[n] = x, y
+                bad += _inverses(zero, gi, lr, li, p, m0, wr, wi, zero, one, tiny, huge)  # g_j on the imaginary axis
                 r0 = i0 = r1 = i1 = r2 = i2 = r3 = i3 = zero
                 for n in range(N):
                     x, y = wr[n], wi[n]
