@@ -143,12 +143,12 @@ def test_rows_split_over_threads(monkeypatch):
     finally: torch.set_num_threads(threads)
 
 
-# ---------------------------------------------------------------- C~'s products and the 2 x 2 solves (engine/conv)
+# ---------------------------------------------------------------- C~'s products (engine/conv)
 
 @pytest.fixture
 def counted(monkeypatch):
-    "Calls of the compiled products (`_powers`) and solves (`_cramer`) by name."
-    seen = {"powers": 0, "cramer": 0}
+    "Calls of the compiled products (`_powers`) by name."
+    seen = {"powers": 0}
     for name in seen:
         real = getattr(engine, "_" + name)
         if real is None: continue  # switched off: nothing to count
@@ -193,25 +193,3 @@ def test_c_tilde_fast_equals_dense_power(counted):
     fast = engine._c_tilde(*args, dt, L)
     assert counted["powers"] == 1
     assert (fast - _dense_c_tilde(*args, dt, L)).abs().max() < 1e-16 * C.abs().max()  # observed 3.8e-18
-
-
-@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
-def test_cramer_fast_equals_lapack(dtype, counted):
-    """2 x 2 solves by the compiled Cramer's rule against NumPy's LAPACK solve in complex128 (well-conditioned systems: observed
-    7.3e-8 / 3.9e-16 of the largest entry); a singular system, a huge determinant, a NaN or a batch mismatch hands back to the
-    elementwise operations (their values, bit for bit); not used under autograd."""
-    g = torch.Generator().manual_seed(6)
-    M = (torch.randn(4, 7, 2, 2, dtype=torch.complex128, generator=g) + 3 * torch.eye(2)).to(dtype)
-    b = torch.randn(4, 7, 2, dtype=torch.complex128, generator=g).to(dtype)
-    x = engine._solve_small(M, b)
-    ref = np.linalg.solve(M.to(torch.complex128).numpy(), b.to(torch.complex128).numpy()[..., None])[..., 0]
-    tol = 2e-7 if dtype == torch.complex64 else 1e-15
-    assert counted["cramer"] == 1 and x.dtype == dtype and np.abs(x.numpy() - ref).max() < tol * np.abs(ref).max()
-    elementwise = lambda M, b: engine._solve_small(M.requires_grad_(), b).detach()  # autograd: the elementwise operations
-    big = 10 * torch.finfo(dtype).max ** 0.5  # its determinant overflows
-    for k, bad in enumerate([torch.zeros(2, 2), torch.tensor([[big, 0], [0, big]]), torch.tensor([[float("nan"), 0], [0, 1]])]):
-        Mk = M.clone(); Mk[1, 3] = bad.to(dtype)
-        torch.testing.assert_close(engine._solve_small(Mk, b), elementwise(Mk.clone(), b), rtol=0, atol=0, equal_nan=True)
-        assert counted["cramer"] == 2 + k
-    engine._solve_small(M, b[:1])  # b broadcast against M: the elementwise operations
-    assert counted["cramer"] == 4

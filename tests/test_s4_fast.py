@@ -90,7 +90,7 @@ def dense_kernel(Lam, P, B, C, dt, L):
 
 def lesson_path(*args, **kw):
     "ssm_kernel_dplr with every compiled path off: lesson 05's code (the Cauchy Function, torch's C~ products, the elementwise solves)."
-    saved = {k: getattr(engine, k) for k in ("_spectrum", "_ctilde", "_lowrank", "_sums", "_cramer", "_powers")}
+    saved = {k: getattr(engine, k) for k in ("_spectrum", "_ctilde", "_lowrank", "_sums", "_powers")}
     try:
         for k in saved: setattr(engine, k, None)
         return ssm_kernel_dplr(*args, **kw)

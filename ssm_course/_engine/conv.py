@@ -619,6 +619,13 @@ def _sums_rows(vr, vi, iv, lr, li, il, g, ig, sk, isk, out, one, tiny, huge):
 _sums = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})(_sums_rows) if numba is not None else None
 _FAST_MIN = 1 << 20  # batch x M x N x points from which the rows are split over PyTorch's threads
 
+def _over_threads(run, R, work):
+    "`run(i, j)` on rows i to j of R, a compiled pass returning its count of bad values: over PyTorch's threads when `work` reaches `_FAST_MIN` (numba releases the GIL: each thread its own slice of rows); the counts summed."
+    n = min(torch.get_num_threads(), R) if work >= _FAST_MIN else 1
+    if n <= 1: return run(0, R)
+    cut = np.linspace(0, R, n + 1).astype(int)
+    with ThreadPoolExecutor(n) as pool: return sum(pool.map(lambda i: run(cut[i], cut[i + 1]), range(n)))
+
 def _cauchy_fast(v, g, lam, skip):
     """`cauchy`'s sums by `_sums` (v, g, lam already in the working dtype), for complex CPU inputs in a call that nothing records;
     None otherwise, or where an input is not finite or a reciprocal would over- or underflow (then `_Cauchy` runs)."""
@@ -637,12 +644,7 @@ def _cauchy_fast(v, g, lam, skip):
     else: s2, isk = rows(skip, 1); sk = s2.contiguous().numpy()
     out = torch.empty(R, M, Z, dtype=v.dtype)
     O, f = torch.view_as_real(out).numpy(), np.finfo(vr.dtype)
-    args = lambda i, j: (vr, vi, iv[i:j], lr, li, il[i:j], G, ig[i:j], sk, isk[i:j], O[i:j], vr.dtype.type(1), f.tiny, f.max)
-    n = min(torch.get_num_threads(), R) if R * M * N * Z >= _FAST_MIN else 1
-    if n <= 1: bad = _sums(*args(0, R))
-    else:  # numba releases the GIL (nogil), so each thread runs its own slice of rows in parallel
-        cut = np.linspace(0, R, n + 1).astype(int)
-        with ThreadPoolExecutor(n) as pool: bad = sum(pool.map(lambda i: _sums(*args(cut[i], cut[i + 1])), range(n)))
+    bad = _over_threads(lambda i, j: _sums(vr, vi, iv[i:j], lr, li, il[i:j], G, ig[i:j], sk, isk[i:j], O[i:j], vr.dtype.type(1), f.tiny, f.max), R, R * M * N * Z)
     return None if bad else out.view(*batch, M, Z)
 
 # %% ../../nbs/engine/conv.ipynb #bbefc06e
@@ -860,40 +862,10 @@ def _c_tilde_fast(Lambda, P, C, dt, L):
 
 # %% ../../nbs/engine/conv.ipynb #c7a1d3e9
 def _solve_small(M, b):
-    """`torch.linalg.solve(M, b)` for M (..., n, n) and b (..., n); for n = 2 by Cramer's rule (forward stable for 2 x 2 systems), in
-    elementwise operations, compiled (`_cramer`) for complex CPU tensors in a call that nothing records."""
+    "`torch.linalg.solve(M, b)` for M (..., n, n) and b (..., n); for n = 2 by Cramer's rule (forward stable for 2 x 2 systems), in elementwise operations."
     if M.shape[-1] != 2: return torch.linalg.solve(M, b)
-    x = _cramer_fast(M, b)
-    if x is not None: return x
     (a, c), (e, d) = M[..., 0, :].unbind(-1), M[..., 1, :].unbind(-1)
     return torch.stack([d * b[..., 0] - c * b[..., 1], a * b[..., 1] - e * b[..., 0]], -1) / (a * d - c * e)[..., None]
-
-# %% ../../nbs/engine/conv.ipynb #c5a1f011
-def _cramer_rows(M, b, x, one, tiny, huge):
-    "x[i] = M[i]^{-1} b[i] for 2 x 2 systems (R, 2, 2) by Cramer's rule, into `x`; returns how many had $|\\det|^2$ outside [tiny, huge] or a result beyond huge."
-    bad = 0
-    for i in range(M.shape[0]):
-        a, c, e, d = M[i, 0, 0], M[i, 0, 1], M[i, 1, 0], M[i, 1, 1]
-        det = a * d - c * e
-        q = det.real * det.real + det.imag * det.imag
-        inv = det.conjugate() * (one / q)  # 1/det
-        x0, x1 = (d * b[i, 0] - c * b[i, 1]) * inv, (a * b[i, 1] - e * b[i, 0]) * inv
-        if not (q >= tiny and q <= huge and abs(x0.real) + abs(x0.imag) + abs(x1.real) + abs(x1.imag) <= huge): bad += 1
-        x[i, 0], x[i, 1] = x0, x1
-    return bad
-
-_cramer = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})(_cramer_rows) if numba is not None else None
-
-def _cramer_fast(M, b):
-    """`_solve_small`'s 2 x 2 solves by `_cramer` for complex CPU tensors of one dtype and batch in a call that nothing records; None
-    otherwise, or where a determinant or a result leaves the normal range or is not finite (then the elementwise operations run)."""
-    if _cramer is None or M.dtype not in (torch.complex64, torch.complex128) or b.dtype != M.dtype or M.shape[:-1] != b.shape or b.numel() == 0: return None
-    if M.device.type != "cpu" or b.device.type != "cpu" or not _unrecorded(M, b): return None
-    f = np.finfo(torch.finfo(M.dtype).dtype)
-    x = torch.empty_like(b, memory_format=torch.contiguous_format)
-    rows = lambda t, *s: t.detach().resolve_conj().reshape(-1, *s).contiguous().numpy()
-    bad = _cramer(rows(M, 2, 2), rows(b, 2), x.view(-1, 2).numpy(), f.dtype.type(1), f.tiny, f.max)
-    return None if bad else x
 
 # %% ../../nbs/engine/conv.ipynb #a33c7e02
 _SPECTRUM_BLOCK = 256  # points whose four sums wait in a scratch for their solves
@@ -905,7 +877,7 @@ def _spectrum_rows(vr, vi, vc, iv, lr, li, lc, il, w2, iw, dt, idt, tn, out, one
     Per row: the pole $m_j$ left out at each point as `_nearest_poles` picks it (its candidates in its order, the last of equal
     scores kept), then in blocks of `_SPECTRUM_BLOCK` points the N reciprocals $\\bar d/|d|^2$ at $g_j = \\frac{2i}\\Delta\\tan\\frac{\\pi j}L$
     into a scratch and the four sums over it (as `_sums`), and per point the bordered system
-    $\\begin{pmatrix}1 + k_{PP} & -\\bar P_m\\\\ P_m & g_j - \\lambda_m\\end{pmatrix}(y, x) = (k_{PB}, B_m)$ by Cramer's rule (as `_cramer`),
+    $\\begin{pmatrix}1 + k_{PP} & -\\bar P_m\\\\ P_m & g_j - \\lambda_m\\end{pmatrix}(y, x) = (k_{PB}, B_m)$ by Cramer's rule,
     $(k_{CB} - k_{CP}\\,y + \\tilde C_m x)$ times the bilinear factor $\\frac2{1+\\omega_j} = 1 + i\\tan\\frac{\\pi j}L$; at $\\omega = -1$
     (even L) $\\frac\\Delta2\\sum_n\\tilde C_nB_n$. Returns how many $|d|^2$ (of the poles not left out) or $|\\det|^2$ fell outside
     [tiny, huge] or were NaN, or results beyond huge (then `out` is not to be used)."""
@@ -1001,13 +973,8 @@ def _kernel_spectrum_fast(Lambda, P, B, C, dt, L):
     tn = np.tan(np.pi * np.arange(L) / L)  # g_j = 2i/dt tan(pi j/L), 2/(1 + omega_j) = 1 + i tan(pi j/L)
     out = torch.empty(R, L, dtype=Lambda.dtype)
     O, f = out.numpy(), np.finfo(lr.dtype)
-    args = lambda i, j: (vr, vi, vc, iv[i:j], lr, li, lc, il[i:j], w2.numpy(), iw[i:j], d2.numpy(), idt[i:j], tn, O[i:j],
-                         f.dtype.type(1), O.dtype.type(1), f.tiny, f.max)
-    n = min(torch.get_num_threads(), R) if R * 4 * N * L >= _FAST_MIN else 1
-    if n <= 1: bad = _spectrum(*args(0, R))
-    else:  # numba releases the GIL (nogil): each thread runs its own slice of rows
-        cut = np.linspace(0, R, n + 1).astype(int)
-        with ThreadPoolExecutor(n) as pool: bad = sum(pool.map(lambda i: _spectrum(*args(cut[i], cut[i + 1])), range(n)))
+    bad = _over_threads(lambda i, j: _spectrum(vr, vi, vc, iv[i:j], lr, li, lc, il[i:j], w2.numpy(), iw[i:j], d2.numpy(), idt[i:j], tn, O[i:j],
+                                               f.dtype.type(1), O.dtype.type(1), f.tiny, f.max), R, R * 4 * N * L)
     return None if bad else out.view(*batch, L)
 
 def _spectrum_of(reference, Lambda, P, B, C, dt, L, chunk):
